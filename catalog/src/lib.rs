@@ -1,0 +1,203 @@
+//! The bundled SnowLuma action catalog.
+//!
+//! * `defs/` holds one authored definition per action ([`def`]);
+//! * [`generate`] validates them and renders `generated/catalog.json`;
+//! * [`Catalog::bundled`] is that file, compiled into the binary (nothing is
+//!   read from disk at run time);
+//! * [`tools`] answers the documentation tools; [`search`] ranks matches.
+//!
+//! The catalog is a bundled snapshot, not a claim about what the connected
+//! server supports.
+
+pub mod def;
+pub mod generate;
+pub mod schema;
+pub mod search;
+pub mod tools;
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// The generated catalog, exactly as committed.
+pub const CATALOG_JSON: &str = include_str!("../generated/catalog.json");
+
+/// URI of the whole-catalog resource.
+pub const CATALOG_URI: &str = "snowluma://onebot/actions";
+/// URI template of one action's resource.
+pub const ACTION_URI_TEMPLATE: &str = "snowluma://onebot/actions/{name}";
+
+#[derive(Debug)]
+pub struct Action {
+    pub name: String,
+    pub aliases: Vec<String>,
+    pub category: String,
+    pub summary: String,
+    pub summary_zh: String,
+    pub description: String,
+    pub read_only: bool,
+    pub stream: bool,
+    pub support: String,
+    /// Names of the top-level required parameters.
+    pub required: Vec<String>,
+    /// The complete contract, as `get_action` returns it.
+    pub doc: Value,
+}
+
+impl Action {
+    /// The compact form used by list and search results.
+    pub fn compact(&self) -> Value {
+        serde_json::json!({
+            "name": self.name,
+            "category": self.category,
+            "summary": self.summary,
+            "summary_zh": self.summary_zh,
+            "aliases": self.aliases,
+            "readOnly": self.read_only,
+            "stream": self.stream,
+        })
+    }
+
+    pub fn input_schema(&self) -> &Value {
+        &self.doc["inputSchema"]
+    }
+}
+
+#[derive(Debug)]
+pub struct Catalog {
+    pub version: String,
+    pub categories: Vec<(String, usize)>,
+    pub actions: Vec<Action>,
+    index: HashMap<String, usize>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("catalog JSON is invalid: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("catalog JSON is malformed: {0}")]
+    Shape(String),
+}
+
+impl Catalog {
+    /// The catalog compiled into this binary.
+    pub fn bundled() -> &'static Catalog {
+        static CATALOG: OnceLock<Catalog> = OnceLock::new();
+        CATALOG.get_or_init(|| {
+            // proven: generated/catalog.json is produced by gen-catalog from validated
+            // definitions, and the `bundled_catalog_parses` test parses this exact text.
+            #[allow(clippy::expect_used)]
+            Catalog::parse(CATALOG_JSON).expect("bundled catalog is valid (checked by tests)")
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
+        let doc: Value = serde_json::from_str(text)?;
+        let shape = |m: &str| CatalogError::Shape(m.to_owned());
+        let version = doc["version"].as_str().ok_or_else(|| shape("version"))?.to_owned();
+        let categories = doc["categories"]
+            .as_array()
+            .ok_or_else(|| shape("categories"))?
+            .iter()
+            .map(|c| {
+                Ok((
+                    c["category"].as_str().ok_or_else(|| shape("category"))?.to_owned(),
+                    c["count"].as_u64().ok_or_else(|| shape("count"))? as usize,
+                ))
+            })
+            .collect::<Result<Vec<_>, CatalogError>>()?;
+        let mut actions = Vec::new();
+        let mut index = HashMap::new();
+        for a in doc["actions"].as_array().ok_or_else(|| shape("actions"))? {
+            let s = |k: &str| -> Result<String, CatalogError> {
+                Ok(a[k].as_str().ok_or_else(|| shape(k))?.to_owned())
+            };
+            let strings = |k: &str| -> Result<Vec<String>, CatalogError> {
+                a[k].as_array()
+                    .ok_or_else(|| shape(k))?
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| shape(k)))
+                    .collect()
+            };
+            let required = match a["inputSchema"].get("required") {
+                Some(Value::Array(r)) => r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+                _ => Vec::new(),
+            };
+            let action = Action {
+                name: s("name")?,
+                aliases: strings("aliases")?,
+                category: s("category")?,
+                summary: s("summary")?,
+                summary_zh: s("summary_zh")?,
+                description: s("description")?,
+                read_only: a["readOnly"].as_bool().ok_or_else(|| shape("readOnly"))?,
+                stream: a["stream"].as_bool().ok_or_else(|| shape("stream"))?,
+                support: s("support")?,
+                required,
+                doc: a.clone(),
+            };
+            let i = actions.len();
+            for n in std::iter::once(&action.name).chain(&action.aliases) {
+                if index.insert(n.clone(), i).is_some() {
+                    return Err(CatalogError::Shape(format!("duplicate name {n}")));
+                }
+            }
+            actions.push(action);
+        }
+        Ok(Catalog { version, categories, actions, index })
+    }
+
+    /// Look up a canonical name or an alias (exact, case-sensitive: OneBot
+    /// action names are).
+    pub fn get(&self, name: &str) -> Option<&Action> {
+        self.index.get(name).map(|&i| &self.actions[i])
+    }
+
+    /// The whole-catalog resource text.
+    pub fn resource_text(&self) -> &'static str {
+        CATALOG_JSON
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundled_catalog_parses() {
+        let c = Catalog::parse(CATALOG_JSON).unwrap();
+        assert_eq!(c.actions.len(), 179);
+        assert_eq!(c.categories.len(), 11);
+        let aliases: usize = c.actions.iter().map(|a| a.aliases.len()).sum();
+        assert_eq!(aliases, 6);
+        assert_eq!(c.get("nc_get_rkey").unwrap().name, "get_rkey");
+        assert_eq!(c.get(".ocr_image").unwrap().name, "ocr_image");
+    }
+
+    #[test]
+    fn generated_file_is_fresh() {
+        let defs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("defs");
+        let fresh = generate::generate(&defs, true).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            fresh == CATALOG_JSON,
+            "catalog/generated/catalog.json is stale: run `cargo run -p snowluma-catalog --bin gen-catalog`"
+        );
+    }
+
+    #[test]
+    fn every_action_documents_results_and_examples() {
+        let c = Catalog::bundled();
+        for a in &c.actions {
+            assert!(a.doc["returnsSchema"].is_object(), "{}", a.name);
+            let ex = a.doc["examples"].as_array().unwrap();
+            assert!(!ex.is_empty(), "{}", a.name);
+            for e in ex {
+                assert!(schema::validate(a.input_schema(), &e["params"]).is_empty(), "{}", a.name);
+            }
+            if a.support == "unsupported" {
+                assert_eq!(a.doc["returnsSchema"], serde_json::json!({"not": {}}));
+            }
+        }
+    }
+}

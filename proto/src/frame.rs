@@ -1,0 +1,111 @@
+//! Framing: a little-endian `u32` byte length, then that many bytes of
+//! `postcard`. A frame over [`MAX_FRAME_BYTES`] is a protocol error: the
+//! reader refuses it before allocating, so a hostile peer cannot make the
+//! other side reserve memory it did not mean to.
+
+use serde::{Serialize, de::DeserializeOwned};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Hard ceiling for one frame. The largest legitimate message is the whole
+/// catalog resource (well under 2 MiB); 16 MiB leaves room without letting a
+/// peer pin unbounded memory.
+pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("peer closed the connection")]
+    Closed,
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
+    TooLarge(usize),
+    #[error("i/o error on the IPC socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed IPC message: {0}")]
+    Decode(#[from] postcard::Error),
+}
+
+/// Encode `msg` into one frame (length prefix included).
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let mut buf = vec![0u8; 4];
+    let body = postcard::to_extend(msg, Vec::new())?;
+    if body.len() > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    let len = u32::try_from(body.len()).map_err(|_| FrameError::TooLarge(body.len()))?;
+    buf[..4].copy_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(&body);
+    Ok(buf)
+}
+
+pub async fn write_frame<W, T>(w: &mut W, msg: &T) -> Result<(), FrameError>
+where
+    W: AsyncWrite + Unpin,
+    T: Serialize,
+{
+    let buf = encode(msg)?;
+    w.write_all(&buf).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Read one frame. Returns [`FrameError::Closed`] on a clean end of stream
+/// at a frame boundary.
+pub async fn read_frame<R, T>(r: &mut R) -> Result<T, FrameError>
+where
+    R: AsyncRead + Unpin,
+    T: DeserializeOwned,
+{
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(FrameError::Io(e)),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    Ok(postcard::from_bytes(&body)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{JsonText, Request, ToWorker};
+
+    #[tokio::test]
+    async fn round_trip_and_limits() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 20);
+        let msg = ToWorker::Request {
+            id: 7,
+            request: Request::CatalogTool {
+                tool: "list_actions".into(),
+                args: JsonText::from_value(&serde_json::json!({"limit": 3})),
+            },
+        };
+        write_frame(&mut a, &msg).await.unwrap();
+        let back: ToWorker = read_frame(&mut b).await.unwrap();
+        assert_eq!(format!("{back:?}"), format!("{msg:?}"));
+
+        // An oversized length prefix is refused before any allocation.
+        use tokio::io::AsyncWriteExt;
+        a.write_all(&((MAX_FRAME_BYTES as u32) + 1).to_le_bytes()).await.unwrap();
+        let err = read_frame::<_, ToWorker>(&mut b).await.unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge(_)));
+
+        drop(a);
+        let err = read_frame::<_, ToWorker>(&mut b).await.unwrap_err();
+        assert!(matches!(err, FrameError::Closed | FrameError::Io(_)));
+    }
+
+    #[tokio::test]
+    async fn garbage_is_a_decode_error() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        use tokio::io::AsyncWriteExt;
+        a.write_all(&3u32.to_le_bytes()).await.unwrap();
+        a.write_all(&[0xff, 0xff, 0xff]).await.unwrap();
+        let err = read_frame::<_, ToWorker>(&mut b).await.unwrap_err();
+        assert!(matches!(err, FrameError::Decode(_)));
+    }
+}

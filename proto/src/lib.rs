@@ -1,0 +1,16 @@
+//! Shared vocabulary of the snowluma-mcp processes.
+//!
+//! * [`frame`]: length-prefixed `postcard` frames on the supervisor/worker socket.
+//! * [`msg`]: the typed messages that travel in those frames, and the handshake.
+//! * [`outcome`]: the result/diagnostic envelope every tool returns.
+//!
+//! JSON values never travel as `serde_json::Value` (postcard is not
+//! self-describing); they travel as [`msg::JsonText`], validated JSON text.
+
+pub mod frame;
+pub mod msg;
+pub mod outcome;
+
+pub use frame::{FrameError, MAX_FRAME_BYTES, read_frame, write_frame};
+pub use msg::*;
+pub use outcome::{Diagnostics, FailureKind, Outcome, ToolReply};

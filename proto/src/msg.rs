@@ -1,0 +1,191 @@
+//! Messages between the supervisor and its workers.
+//!
+//! Every connection starts with a handshake: the supervisor sends
+//! [`ToWorker::Hello`] naming the role it expects and its [`BUILD_ID`]; the
+//! worker answers [`FromWorker::Ready`] or, when the build differs (a binary
+//! replaced on disk under a running supervisor), [`FromWorker::Refused`] and
+//! exits. After that, requests carry a supervisor-chosen `id` so that many can
+//! be in flight at once; [`ToWorker::Cancel`] withdraws one. A worker answers
+//! each request exactly once with [`FromWorker::Reply`] (none after a cancel
+//! has been acted on), and may send [`FromWorker::Progress`] before it.
+//!
+//! Variants are only ever appended; the build id check makes mixed builds
+//! refuse each other instead of misreading frames.
+
+use serde::{Deserialize, Serialize};
+
+use crate::outcome::ToolReply;
+
+/// Bumped whenever a message's meaning changes.
+pub const IPC_VERSION: u32 = 1;
+
+/// Identity of this build's IPC vocabulary: crate version, IPC version and a
+/// digest of the message definitions (computed by `build.rs`).
+pub const BUILD_ID: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "/ipc1/",
+    env!("SNOWLUMA_PROTO_DIGEST")
+);
+
+/// The descriptor on which a worker finds its IPC socket.
+pub const WORKER_IPC_FD: i32 = 3;
+
+/// The hidden first argument that turns the binary into a worker.
+pub const WORKER_ARG: &str = "__snowluma-worker";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// Read-only documentation: catalog tools and catalog resources.
+    Catalog,
+    /// The only process that talks to SnowLuma and holds the token.
+    Network,
+    /// Opens files under the upload root and the download directory.
+    Files,
+    /// Holds the lease on the task directory.
+    Tasks,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Catalog, Role::Network, Role::Files, Role::Tasks];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Catalog => "catalog",
+            Role::Network => "network",
+            Role::Files => "files",
+            Role::Tasks => "tasks",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+/// JSON carried as text: postcard cannot encode `serde_json::Value`.
+/// The receiver parses it as untrusted input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JsonText(pub String);
+
+impl JsonText {
+    pub fn from_value(v: &serde_json::Value) -> JsonText {
+        JsonText(v.to_string())
+    }
+    pub fn parse(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_str(&self.0)
+    }
+    pub fn null() -> JsonText {
+        JsonText("null".to_owned())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hello {
+    pub build: String,
+    pub role: Role,
+}
+
+/// Role-specific settings sent right after the handshake; secrets travel
+/// only this way (never in the environment or on a command line), and only
+/// to the role that needs them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum WorkerConfig {
+    Catalog,
+    Network(NetworkConfig),
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+pub struct NetworkConfig {
+    pub endpoint: String,
+    pub token: Option<String>,
+    pub timeout_ms: u64,
+}
+
+impl std::fmt::Debug for NetworkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the endpoint or the token.
+        f.debug_struct("NetworkConfig")
+            .field("timeout_ms", &self.timeout_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ToWorker {
+    Hello(Hello),
+    Configure(WorkerConfig),
+    Request { id: u64, request: Request },
+    Cancel { id: u64 },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum FromWorker {
+    Ready { build: String, pid: u32 },
+    Refused { reason: String },
+    Configured,
+    Reply { id: u64, reply: Reply },
+    Progress { id: u64, progress: Progress },
+}
+
+/// W3C trace context of one tool call, already validated by the supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TraceContext {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// A documentation tool (`list_actions`, `get_action`, ...) with its raw
+    /// arguments; the catalog worker validates them.
+    CatalogTool { tool: String, args: JsonText },
+    /// Read a `snowluma://onebot/actions...` resource.
+    CatalogResource { uri: String },
+    /// Execute one OneBot action (network executor). The supervisor has
+    /// already applied every gate.
+    Execute(ExecRequest),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The action name exactly as the caller wrote it (an alias stays an alias).
+    pub action: String,
+    pub params: JsonText,
+    pub stream: bool,
+    /// Whether the action may change state remotely; decides how a lost
+    /// reply is reported (a write's outcome becomes unknown).
+    pub write: bool,
+    pub trace: TraceContext,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    Tool(ToolReply),
+    Resource(ResourceReply),
+    /// The worker could not serve the request at all.
+    Error(WorkerError),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ResourceReply {
+    pub uri: String,
+    pub mime_type: String,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+pub enum WorkerError {
+    #[error("resource not found: {0}")]
+    ResourceNotFound(String),
+    #[error("request not supported by this worker")]
+    Unsupported,
+    #[error("{0}")]
+    Internal(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Progress {
+    pub progress: f64,
+    pub total: Option<f64>,
+    pub message: Option<String>,
+}

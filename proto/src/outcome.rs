@@ -1,0 +1,168 @@
+//! The envelope every completed tool call returns:
+//! `{"result": <payload or null>, "diagnostics": {"outcome", "kind"?, "message"?, "next_step"?}}`.
+//!
+//! These types cross the IPC boundary, so they avoid `skip_serializing_if`
+//! (postcard is positional); [`Diagnostics::to_json`] renders the MCP form.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use crate::msg::JsonText;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Success,
+    Failed,
+    Unknown,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Failed => "failed",
+            Outcome::Unknown => "unknown",
+        }
+    }
+}
+
+/// Known causes of failure. Unclassified errors are `Execution`; nothing is
+/// guessed from message strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    InvalidArguments,
+    UnknownAction,
+    ModeForbidden,
+    NotConfigured,
+    PolicyDenied,
+    BusinessFailure,
+    AsyncAcknowledged,
+    Unconfirmed,
+    Transport,
+    Timeout,
+    Cancelled,
+    InvalidResponse,
+    WorkerUnavailable,
+    Execution,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::InvalidArguments => "invalid_arguments",
+            FailureKind::UnknownAction => "unknown_action",
+            FailureKind::ModeForbidden => "mode_forbidden",
+            FailureKind::NotConfigured => "not_configured",
+            FailureKind::PolicyDenied => "policy_denied",
+            FailureKind::BusinessFailure => "business_failure",
+            FailureKind::AsyncAcknowledged => "async_acknowledged",
+            FailureKind::Unconfirmed => "unconfirmed",
+            FailureKind::Transport => "transport",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Cancelled => "cancelled",
+            FailureKind::InvalidResponse => "invalid_response",
+            FailureKind::WorkerUnavailable => "worker_unavailable",
+            FailureKind::Execution => "execution",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Diagnostics {
+    pub outcome: Outcome,
+    pub kind: Option<FailureKind>,
+    pub message: Option<String>,
+    pub next_step: Option<String>,
+}
+
+impl Diagnostics {
+    pub fn success() -> Diagnostics {
+        Diagnostics { outcome: Outcome::Success, kind: None, message: None, next_step: None }
+    }
+
+    pub fn failed(kind: FailureKind, message: impl Into<String>) -> Diagnostics {
+        Diagnostics {
+            outcome: Outcome::Failed,
+            kind: Some(kind),
+            message: Some(message.into()),
+            next_step: None,
+        }
+    }
+
+    pub fn unknown(kind: FailureKind, message: impl Into<String>) -> Diagnostics {
+        Diagnostics {
+            outcome: Outcome::Unknown,
+            kind: Some(kind),
+            message: Some(message.into()),
+            next_step: None,
+        }
+    }
+
+    pub fn with_next_step(mut self, step: impl Into<String>) -> Diagnostics {
+        self.next_step = Some(step.into());
+        self
+    }
+
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("outcome".into(), json!(self.outcome.as_str()));
+        if let Some(k) = self.kind {
+            m.insert("kind".into(), json!(k.as_str()));
+        }
+        if let Some(msg) = &self.message {
+            m.insert("message".into(), json!(msg));
+        }
+        if let Some(s) = &self.next_step {
+            m.insert("next_step".into(), json!(s));
+        }
+        Value::Object(m)
+    }
+
+    /// The JSON Schema of [`Diagnostics::to_json`], for `outputSchema`s.
+    pub fn json_schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "outcome": {"type": "string", "enum": ["success", "failed", "unknown"]},
+                "kind": {"type": "string"},
+                "message": {"type": "string"},
+                "next_step": {"type": "string"}
+            },
+            "required": ["outcome"]
+        })
+    }
+}
+
+/// A finished tool call as a worker (or the supervisor itself) reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolReply {
+    /// The payload; `None` renders as `null` (always so for tool errors).
+    pub result: Option<JsonText>,
+    pub diagnostics: Diagnostics,
+    /// An MCP tool error (`isError: true`): transport failures, refused
+    /// calls, invalid arguments. OneBot business failures are *not* errors.
+    pub is_error: bool,
+}
+
+impl ToolReply {
+    pub fn ok(result: &Value) -> ToolReply {
+        ToolReply {
+            result: Some(JsonText::from_value(result)),
+            diagnostics: Diagnostics::success(),
+            is_error: false,
+        }
+    }
+
+    pub fn with_diagnostics(result: &Value, diagnostics: Diagnostics) -> ToolReply {
+        ToolReply { result: Some(JsonText::from_value(result)), diagnostics, is_error: false }
+    }
+
+    pub fn error(diagnostics: Diagnostics) -> ToolReply {
+        ToolReply { result: None, diagnostics, is_error: true }
+    }
+
+    /// An error reply of one kind and message.
+    pub fn fail(kind: FailureKind, message: impl Into<String>) -> ToolReply {
+        ToolReply::error(Diagnostics::failed(kind, message))
+    }
+}
