@@ -1,0 +1,301 @@
+//! Configuration: `SNOWLUMA_MCP_*` variables and the matching flags, validated
+//! at startup. Every problem is one line naming the variable (and flag) and
+//! the offending value; the token's value is never printed.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Docs,
+    Read,
+    Write,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Docs => "docs",
+            Mode::Read => "read",
+            Mode::Write => "write",
+        }
+    }
+    pub fn executes(self) -> bool {
+        self != Mode::Docs
+    }
+}
+
+/// snowluma-mcp: a security-hardened MCP server for SnowLuma's OneBot v11 actions.
+///
+/// Without SNOWLUMA_MCP_ENDPOINT it serves the bundled action documentation
+/// only (docs mode). The token is read from SNOWLUMA_MCP_TOKEN or from
+/// --token-file; there is deliberately no --token flag, because command
+/// lines are visible to every user of the host.
+#[derive(Debug, Parser)]
+#[command(name = "snowluma-mcp", version, about, long_about)]
+pub struct Cli {
+    /// docs, read or write (default: read with an endpoint, docs without).
+    #[arg(long, env = "SNOWLUMA_MCP_MODE", hide_env_values = true)]
+    pub mode: Option<String>,
+    /// OneBot HTTP endpoint, e.g. http://127.0.0.1:3000/ (POSTed to exactly as given).
+    #[arg(long, env = "SNOWLUMA_MCP_ENDPOINT", hide_env_values = true)]
+    pub endpoint: Option<String>,
+    /// Read the access token from this file instead of SNOWLUMA_MCP_TOKEN.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Request timeout in milliseconds (also stream connect and idle timeout).
+    #[arg(long, env = "SNOWLUMA_MCP_TIMEOUT_MS", hide_env_values = true)]
+    pub timeout_ms: Option<String>,
+    /// Directory on this host for downloaded stream files.
+    #[arg(long, env = "SNOWLUMA_MCP_STREAM_DIR", hide_env_values = true)]
+    pub stream_dir: Option<String>,
+    /// Directory on this host from which automatic uploads may read.
+    #[arg(long, env = "SNOWLUMA_MCP_UPLOAD_ROOT", hide_env_values = true)]
+    pub upload_root: Option<String>,
+    /// Per-file limit for uploads and downloads, in bytes (1 to 4 GiB).
+    #[arg(long, env = "SNOWLUMA_MCP_MAX_STREAM_BYTES", hide_env_values = true)]
+    pub max_stream_bytes: Option<String>,
+    /// OneBot WebSocket event endpoint (ws:// or wss://).
+    #[arg(long, env = "SNOWLUMA_MCP_EVENTS_URL", hide_env_values = true)]
+    pub events_url: Option<String>,
+    /// Private directory for persistent background tasks (absolute path).
+    #[arg(long, env = "SNOWLUMA_MCP_TASK_DIR", hide_env_values = true)]
+    pub task_dir: Option<String>,
+    /// Append-only audit log for write mode.
+    #[arg(long, env = "SNOWLUMA_MCP_AUDIT_LOG", hide_env_values = true)]
+    pub audit_log: Option<String>,
+    /// Diagnostics filter for stderr (e.g. info, debug, snowluma_mcp=trace).
+    #[arg(long, env = "SNOWLUMA_MCP_LOG", hide_env_values = true, default_value = "info,rmcp=warn")]
+    pub log: String,
+}
+
+#[derive(Clone)]
+pub struct Config {
+    pub mode: Mode,
+    pub endpoint: Option<String>,
+    pub token: Option<String>,
+    pub timeout_ms: u64,
+    pub stream_dir: Option<PathBuf>,
+    pub upload_root: Option<PathBuf>,
+    pub max_stream_bytes: u64,
+    pub events_url: Option<String>,
+    pub task_dir: Option<PathBuf>,
+    pub audit_log: Option<PathBuf>,
+    pub log: String,
+    /// Non-fatal notes for stderr (e.g. a mode ignored for lack of endpoint).
+    pub warnings: Vec<String>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("mode", &self.mode)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("max_stream_bytes", &self.max_stream_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+pub const MAX_TIMEOUT_MS: u64 = 2_147_483_647;
+pub const MAX_STREAM_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{var} ({flag}) {problem}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub flag: &'static str,
+    pub problem: String,
+}
+
+fn bad(var: &'static str, flag: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError { var, flag, problem: problem.into() }
+}
+
+fn nonempty(v: &Option<String>) -> Option<String> {
+    v.as_ref().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+fn positive_int(var: &'static str, flag: &'static str, raw: &str, max: u64) -> Result<u64, ConfigError> {
+    let ok = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit()) && !raw.starts_with('0');
+    let n = if ok { raw.parse::<u64>().ok() } else { None };
+    match n {
+        Some(n) if n <= max => Ok(n),
+        _ => Err(bad(var, flag, format!("must be a whole number from 1 to {max}; got {raw:?}"))),
+    }
+}
+
+fn validate_http_url(raw: &str) -> Result<(), String> {
+    let rest = raw
+        .strip_prefix("http://")
+        .or_else(|| raw.strip_prefix("https://"))
+        .ok_or("must start with http:// or https://")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.is_empty() {
+        return Err("has no host".into());
+    }
+    if authority.contains('@') {
+        return Err("must not embed credentials; use SNOWLUMA_MCP_TOKEN".into());
+    }
+    if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("contains whitespace".into());
+    }
+    Ok(())
+}
+
+fn validate_ws_url(raw: &str) -> Result<(), String> {
+    let rest = raw
+        .strip_prefix("ws://")
+        .or_else(|| raw.strip_prefix("wss://"))
+        .ok_or("must start with ws:// or wss://")?;
+    let authority = rest.split('/').next().unwrap_or("");
+    if authority.is_empty() {
+        return Err("has no host".into());
+    }
+    if authority.contains('@') {
+        return Err("must not embed credentials".into());
+    }
+    if raw.contains('?') || raw.contains('#') {
+        return Err("must not contain a query or fragment".into());
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Resolve and validate. `env_token` is SNOWLUMA_MCP_TOKEN's value.
+    pub fn resolve(cli: &Cli, env_token: Option<String>) -> Result<Config, ConfigError> {
+        let mut warnings = Vec::new();
+        let endpoint = nonempty(&cli.endpoint);
+        if let Some(e) = &endpoint {
+            // The endpoint is printed only when it carries no credentials.
+            validate_http_url(e).map_err(|p| {
+                let shown = if e.contains('@') { "<redacted>".to_owned() } else { format!("{e:?}") };
+                bad("SNOWLUMA_MCP_ENDPOINT", "--endpoint", format!("{p}; got {shown}"))
+            })?;
+        }
+        let explicit = match nonempty(&cli.mode) {
+            None => None,
+            Some(m) => Some(match m.to_ascii_lowercase().as_str() {
+                "docs" => Mode::Docs,
+                "read" => Mode::Read,
+                "write" => Mode::Write,
+                _ => {
+                    return Err(bad("SNOWLUMA_MCP_MODE", "--mode", format!("must be one of docs, read, write; got {m:?}")));
+                }
+            }),
+        };
+        let mode = match (&endpoint, explicit) {
+            (None, Some(m @ (Mode::Read | Mode::Write))) => {
+                warnings.push(format!(
+                    "SNOWLUMA_MCP_MODE={} ignored: no SNOWLUMA_MCP_ENDPOINT set, serving documentation only",
+                    m.as_str()
+                ));
+                Mode::Docs
+            }
+            (None, _) => Mode::Docs,
+            (Some(_), Some(m)) => m,
+            (Some(_), None) => Mode::Read,
+        };
+        let token = match &cli.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    bad("SNOWLUMA_MCP_TOKEN", "--token-file", format!("cannot be read from the given file: {e}"))
+                })?;
+                Some(text.trim().to_owned()).filter(|t| !t.is_empty())
+            }
+            None => env_token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()),
+        };
+        if let Some(t) = &token {
+            if t.chars().any(|c| c.is_control() || c == ' ') {
+                return Err(bad("SNOWLUMA_MCP_TOKEN", "--token-file", "contains spaces or control characters (value not shown)"));
+            }
+        }
+        let timeout_ms = match nonempty(&cli.timeout_ms) {
+            None => DEFAULT_TIMEOUT_MS,
+            Some(raw) => positive_int("SNOWLUMA_MCP_TIMEOUT_MS", "--timeout-ms", &raw, MAX_TIMEOUT_MS)?,
+        };
+        let max_stream_bytes = match nonempty(&cli.max_stream_bytes) {
+            None => MAX_STREAM_BYTES,
+            Some(raw) => positive_int("SNOWLUMA_MCP_MAX_STREAM_BYTES", "--max-stream-bytes", &raw, MAX_STREAM_BYTES)?,
+        };
+        let abs = |var: &'static str, flag: &'static str, v: &Option<String>| -> Result<Option<PathBuf>, ConfigError> {
+            match nonempty(v) {
+                None => Ok(None),
+                Some(p) => {
+                    let pb = PathBuf::from(&p);
+                    if pb.is_absolute() {
+                        Ok(Some(pb))
+                    } else {
+                        Err(bad(var, flag, format!("must be an absolute path; got {p:?}")))
+                    }
+                }
+            }
+        };
+        let stream_dir = abs("SNOWLUMA_MCP_STREAM_DIR", "--stream-dir", &cli.stream_dir)?;
+        let upload_root = abs("SNOWLUMA_MCP_UPLOAD_ROOT", "--upload-root", &cli.upload_root)?;
+        let task_dir = abs("SNOWLUMA_MCP_TASK_DIR", "--task-dir", &cli.task_dir)?;
+        let audit_log = abs("SNOWLUMA_MCP_AUDIT_LOG", "--audit-log", &cli.audit_log)?;
+        let events_url = nonempty(&cli.events_url);
+        if let Some(u) = &events_url {
+            validate_ws_url(u).map_err(|p| {
+                let shown = if u.contains('@') { "<redacted>".to_owned() } else { format!("{u:?}") };
+                bad("SNOWLUMA_MCP_EVENTS_URL", "--events-url", format!("{p}; got {shown}"))
+            })?;
+        }
+        Ok(Config {
+            mode,
+            endpoint,
+            token,
+            timeout_ms,
+            stream_dir,
+            upload_root,
+            max_stream_bytes,
+            events_url,
+            task_dir,
+            audit_log,
+            log: cli.log.clone(),
+            warnings,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        let mut v = vec!["snowluma-mcp"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn mode_resolution() {
+        let c = Config::resolve(&cli(&[]), None).unwrap();
+        assert_eq!(c.mode, Mode::Docs);
+        let c = Config::resolve(&cli(&["--mode", "WRITE"]), None).unwrap();
+        assert_eq!(c.mode, Mode::Docs);
+        assert_eq!(c.warnings.len(), 1);
+        let c = Config::resolve(&cli(&["--endpoint", "http://127.0.0.1:3000/"]), None).unwrap();
+        assert_eq!(c.mode, Mode::Read);
+        let c = Config::resolve(&cli(&["--endpoint", "http://h/", "--mode", "docs"]), None).unwrap();
+        assert_eq!(c.mode, Mode::Docs);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = Config::resolve(&cli(&["--timeout-ms", "0"]), None).unwrap_err().to_string();
+        assert!(e.starts_with("SNOWLUMA_MCP_TIMEOUT_MS"), "{e}");
+        let e = Config::resolve(&cli(&["--mode", "banana"]), None).unwrap_err().to_string();
+        assert!(e.contains("SNOWLUMA_MCP_MODE") && e.contains("banana"), "{e}");
+        let e = Config::resolve(&cli(&["--endpoint", "http://u:secret@h/"]), None).unwrap_err().to_string();
+        assert!(!e.contains("secret"), "{e}");
+        let e = Config::resolve(&cli(&["--events-url", "ws://h/e?x=1"]), None).unwrap_err().to_string();
+        assert!(e.contains("SNOWLUMA_MCP_EVENTS_URL"), "{e}");
+        let e = Config::resolve(&cli(&["--max-stream-bytes", "4294967297"]), None).unwrap_err().to_string();
+        assert!(e.contains("SNOWLUMA_MCP_MAX_STREAM_BYTES"), "{e}");
+        let e = Config::resolve(&cli(&[]), Some("a b".into())).unwrap_err().to_string();
+        assert!(!e.contains("a b"));
+    }
+}

@@ -1,0 +1,85 @@
+//! `get_runtime_info`: the effective configuration, without contacting
+//! SnowLuma unless `check_connection` is requested. Never exposes the
+//! endpoint, the token or any header.
+
+use serde_json::{Value, json};
+use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Mode;
+use crate::server::SnowlumaServer;
+use crate::trace::CallTrace;
+
+/// Streams allowed at once (matches the upstream client).
+pub const MAX_CONCURRENT_STREAMS: u32 = 4;
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    #[serde(default)]
+    check_connection: bool,
+}
+
+pub fn download_dir(server: &SnowlumaServer) -> std::path::PathBuf {
+    server.config().stream_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("snowluma-mcp").join("downloads"))
+}
+
+pub async fn runtime_info(server: &SnowlumaServer, args: Value, cancel: &CancellationToken, trace: &CallTrace) -> ToolReply {
+    let args: Args = match serde_json::from_value(args) {
+        Ok(a) => a,
+        Err(e) => return ToolReply::fail(FailureKind::InvalidArguments, format!("invalid arguments for get_runtime_info: {e}")),
+    };
+    let cfg = server.config();
+    let catalog = server.catalog();
+    let executes = cfg.mode.executes();
+    if args.check_connection && !executes {
+        return ToolReply::error(
+            Diagnostics::failed(FailureKind::ModeForbidden, "check_connection needs read or write mode with a configured endpoint")
+                .with_next_step("Call get_runtime_info without check_connection, or configure SNOWLUMA_MCP_ENDPOINT."),
+        );
+    }
+    let transport = if executes {
+        json!({
+            "request_timeout_ms": cfg.timeout_ms,
+            "stream_connect_timeout_ms": cfg.timeout_ms,
+            "stream_idle_timeout_ms": cfg.timeout_ms,
+            "max_stream_bytes": cfg.max_stream_bytes,
+            "download_quota_bytes": cfg.max_stream_bytes.saturating_mul(2),
+            "max_concurrent_streams": MAX_CONCURRENT_STREAMS,
+            "download_dir": download_dir(server).display().to_string(),
+            "upload_root": cfg.upload_root.as_ref().map(|p| p.display().to_string()),
+            "upload_enabled": cfg.upload_root.is_some(),
+        })
+    } else {
+        Value::Null
+    };
+    let mut out = json!({
+        "mode": cfg.mode.as_str(),
+        "execution_enabled": executes,
+        "write_enabled": cfg.mode == Mode::Write,
+        "server": {"name": crate::server::SERVER_NAME, "version": crate::server::SERVER_VERSION},
+        "catalog": {"version": catalog.version, "action_count": catalog.actions.len(), "server_support": "unknown"},
+        "transport": transport,
+        "connection_checked": false,
+    });
+    if args.check_connection {
+        let mut checks = serde_json::Map::new();
+        let mut all_ok = true;
+        for action in ["get_login_info", "get_status", "get_version_info"] {
+            let r = server.query(action, trace, cancel).await;
+            all_ok &= r.diagnostics.outcome == snowluma_proto::Outcome::Success;
+            let result = r.result.as_ref().and_then(|t| t.parse().ok()).unwrap_or(Value::Null);
+            checks.insert(action.into(), json!({"result": result, "diagnostics": r.diagnostics.to_json(), "is_error": r.is_error}));
+        }
+        out["connection_checked"] = json!(true);
+        out["checks"] = Value::Object(checks);
+        let diag = if all_ok {
+            Diagnostics::success()
+        } else {
+            Diagnostics::failed(FailureKind::Execution, "some connection checks failed; see checks")
+                .with_next_step("Inspect each entry under checks; check get_status data for the online state.")
+        };
+        return ToolReply::with_diagnostics(&out, diag);
+    }
+    ToolReply::ok(&out)
+}

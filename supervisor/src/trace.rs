@@ -1,0 +1,138 @@
+//! W3C trace context for tool calls.
+//!
+//! A valid caller `traceparent` keeps its trace id and gets a new span id
+//! per call; anything else starts an independent trace. `tracestate` is kept
+//! (validated: at most 512 characters and 32 members) to be forwarded, never
+//! logged. `baggage` is ignored entirely.
+
+use rmcp::model::MetaObject as Meta;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TraceInput {
+    Absent,
+    Valid,
+    Invalid,
+}
+
+#[derive(Debug, Clone)]
+pub struct CallTrace {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
+    pub input: TraceInput,
+    pub tracestate_rejected: bool,
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut buf = [0u8; N];
+    loop {
+        // SAFETY: getrandom writes at most `buf.len()` bytes into the buffer we
+        // own; no other memory is touched.
+        let n = unsafe { nix::libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n == buf.len() as isize && buf.iter().any(|b| *b != 0) {
+            return buf;
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn is_lower_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Parse a version-00 traceparent; returns (trace id, flags).
+fn parse_traceparent(tp: &str) -> Option<(&str, &str)> {
+    let mut parts = tp.split('-');
+    let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || version != "00" {
+        return None;
+    }
+    if !is_lower_hex(trace, 32) || !is_lower_hex(span, 16) || !is_lower_hex(flags, 2) {
+        return None;
+    }
+    if trace.bytes().all(|b| b == b'0') || span.bytes().all(|b| b == b'0') {
+        return None;
+    }
+    Some((trace, flags))
+}
+
+fn valid_tracestate(ts: &str) -> bool {
+    if ts.len() > 512 || ts.chars().any(|c| !(' '..='~').contains(&c)) {
+        return false;
+    }
+    let members: Vec<&str> = ts.split(',').map(str::trim).filter(|m| !m.is_empty()).collect();
+    if members.len() > 32 {
+        return false;
+    }
+    members.iter().all(|m| match m.split_once('=') {
+        Some((k, v)) => !k.is_empty() && !v.is_empty() && !v.contains('=') && !k.contains(' '),
+        None => false,
+    })
+}
+
+impl CallTrace {
+    pub fn from_meta(meta: &Meta) -> CallTrace {
+        let tp = meta.get("traceparent").and_then(|v| v.as_str());
+        let span = hex(&random_bytes::<8>());
+        let (traceparent, input) = match tp.map(|t| (t, parse_traceparent(t))) {
+            Some((_, Some((trace, flags)))) => (format!("00-{trace}-{span}-{flags}"), TraceInput::Valid),
+            Some((_, None)) => (format!("00-{}-{span}-01", hex(&random_bytes::<16>())), TraceInput::Invalid),
+            None => (format!("00-{}-{span}-01", hex(&random_bytes::<16>())), TraceInput::Absent),
+        };
+        let raw_state = meta.get("tracestate");
+        let (tracestate, rejected) = match (input == TraceInput::Valid, raw_state) {
+            (_, None) => (None, false),
+            (true, Some(v)) => match v.as_str() {
+                Some(s) if valid_tracestate(s) => (Some(s.to_owned()), false),
+                _ => (None, true),
+            },
+            // A tracestate without a valid parent cannot be forwarded.
+            (false, Some(_)) => (None, true),
+        };
+        CallTrace { traceparent, tracestate, input, tracestate_rejected: rejected }
+    }
+
+    /// The fixed diagnostic for unusable trace metadata, if any.
+    pub fn diagnostic(&self) -> Option<&'static str> {
+        match (self.input == TraceInput::Invalid, self.tracestate_rejected) {
+            (true, _) => Some("invalid traceparent ignored; started a new trace"),
+            (false, true) => Some("invalid tracestate ignored"),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn meta(v: serde_json::Value) -> Meta {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn keeps_trace_id_and_makes_new_span() {
+        let t = CallTrace::from_meta(&meta(json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=1,b=2"})));
+        assert!(t.traceparent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+        assert!(!t.traceparent.contains("00f067aa0ba902b7"));
+        assert_eq!(t.tracestate.as_deref(), Some("a=1,b=2"));
+        assert!(t.diagnostic().is_none());
+    }
+
+    #[test]
+    fn invalid_inputs_start_a_new_trace() {
+        for bad in ["00-00000000000000000000000000000000-00f067aa0ba902b7-01", "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "garbage", "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"] {
+            let t = CallTrace::from_meta(&meta(json!({"traceparent": bad})));
+            assert_eq!(t.input, TraceInput::Invalid, "{bad}");
+            assert!(parse_traceparent(&t.traceparent).is_some());
+        }
+        let many: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
+        let t = CallTrace::from_meta(&meta(json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": many.join(",")})));
+        assert!(t.tracestate.is_none() && t.tracestate_rejected);
+        let t = CallTrace::from_meta(&meta(json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=".repeat(300)})));
+        assert!(t.tracestate.is_none());
+    }
+}

@@ -1,0 +1,291 @@
+//! Our stdio transport: newline-delimited JSON-RPC with the robustness that
+//! rmcp's own stdio transport lacks.
+//!
+//! * A line that is not JSON gets a `-32700` parse error; a JSON value that
+//!   is not a JSON-RPC message gets `-32600`; a known method with unusable
+//!   params gets `-32602`; a line over [`MAX_LINE_BYTES`] gets `-32600`
+//!   with the request id when it can be recovered. The server keeps serving.
+//! * Until the MCP lifecycle has started (an `initialize`, or a modern
+//!   request with complete `_meta` naming a supported version), notifications
+//!   and stray responses are dropped: rmcp would otherwise end the session.
+//! * Responses to modern (2026-07-28) requests carry
+//!   `_meta["io.modelcontextprotocol/serverInfo"]`.
+//!
+//! Nothing but protocol messages is ever written to stdout.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use rmcp::RoleServer;
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+
+/// Largest accepted input line (one JSON-RPC message).
+pub const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
+/// Bytes of an over-long line kept to recover its id.
+const ID_SCAN_BYTES: usize = 64 * 1024;
+
+pub const SUPPORTED_VERSIONS: [&str; 4] = ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"];
+const MODERN_FROM: &str = "2026-07-28";
+
+#[derive(Default)]
+struct State {
+    lifecycle_started: bool,
+    /// Ids (as JSON text) of in-flight modern requests.
+    modern: HashSet<String>,
+}
+
+type Writer = Arc<tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Sync + Unpin>>>;
+
+pub struct LineTransport {
+    reader: BufReader<Box<dyn AsyncRead + Send + Sync + Unpin>>,
+    out: Writer,
+    state: Arc<Mutex<State>>,
+    server_info: Value,
+}
+
+enum Line {
+    Eof,
+    Full(Vec<u8>),
+    TooLong(Vec<u8>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("stdout: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("serialize: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl LineTransport {
+    pub fn new(
+        input: Box<dyn AsyncRead + Send + Sync + Unpin>,
+        output: Box<dyn AsyncWrite + Send + Sync + Unpin>,
+        server_info: Value,
+    ) -> LineTransport {
+        LineTransport {
+            reader: BufReader::with_capacity(64 * 1024, input),
+            out: Arc::new(tokio::sync::Mutex::new(output)),
+            state: Arc::default(),
+            server_info,
+        }
+    }
+
+    pub fn stdio(server_info: Value) -> LineTransport {
+        LineTransport::new(Box::new(tokio::io::stdin()), Box::new(tokio::io::stdout()), server_info)
+    }
+
+    async fn read_line(&mut self) -> std::io::Result<Line> {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut overflow: Option<Vec<u8>> = None;
+        loop {
+            let avail = self.reader.fill_buf().await?;
+            if avail.is_empty() {
+                return Ok(match overflow {
+                    Some(prefix) => Line::TooLong(prefix),
+                    None if buf.is_empty() => Line::Eof,
+                    None => Line::Full(buf),
+                });
+            }
+            let (chunk, consumed, done) = match avail.iter().position(|b| *b == b'\n') {
+                Some(i) => (&avail[..i], i + 1, true),
+                None => (avail, avail.len(), false),
+            };
+            if overflow.is_none() {
+                buf.extend_from_slice(chunk);
+                if buf.len() > MAX_LINE_BYTES {
+                    buf.truncate(ID_SCAN_BYTES);
+                    overflow = Some(std::mem::take(&mut buf));
+                }
+            }
+            self.reader.consume(consumed);
+            if done {
+                return Ok(match overflow {
+                    Some(prefix) => Line::TooLong(prefix),
+                    None => Line::Full(buf),
+                });
+            }
+        }
+    }
+
+    async fn write_value(out: &Writer, v: &Value) -> Result<(), TransportError> {
+        let mut line = serde_json::to_vec(v)?;
+        line.push(b'\n');
+        let mut w = out.lock().await;
+        w.write_all(&line).await?;
+        w.flush().await?;
+        Ok(())
+    }
+
+    async fn reply_error(&self, id: Value, code: i64, message: String) {
+        let v = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+        if let Err(e) = Self::write_value(&self.out, &v).await {
+            tracing::warn!(error = %e, "cannot write an error response");
+        }
+    }
+}
+
+/// Best-effort id recovery from the start of an over-long message: the
+/// first `"id"` key that appears before `"params"`.
+fn recover_id(prefix: &[u8]) -> Value {
+    let text = String::from_utf8_lossy(prefix);
+    let head = match text.find("\"params\"") {
+        Some(i) => &text[..i],
+        None => &text[..],
+    };
+    let Some(pos) = head.find("\"id\"") else { return Value::Null };
+    let rest = head[pos + 4..].trim_start();
+    let Some(rest) = rest.strip_prefix(':') else { return Value::Null };
+    let rest = rest.trim_start();
+    if let Some(s) = rest.strip_prefix('"') {
+        if let Some(end) = s.find('"') {
+            return json!(&s[..end]);
+        }
+        return Value::Null;
+    }
+    let num: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '-').collect();
+    num.parse::<i64>().map(|n| json!(n)).unwrap_or(Value::Null)
+}
+
+fn meta_version(v: &Value) -> Option<&str> {
+    v.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").and_then(Value::as_str)
+}
+
+fn starts_lifecycle(v: &Value) -> bool {
+    let method = v.get("method").and_then(Value::as_str).unwrap_or("");
+    match method {
+        "initialize" => true,
+        "ping" | "server/discover" => false,
+        _ => {
+            let caps = v.pointer("/params/_meta/io.modelcontextprotocol~1clientCapabilities");
+            matches!(meta_version(v), Some(ver) if SUPPORTED_VERSIONS.contains(&ver)) && caps.is_some_and(Value::is_object)
+        }
+    }
+}
+
+impl Transport<RoleServer> for LineTransport {
+    type Error = TransportError;
+
+    fn send(&mut self, item: TxJsonRpcMessage<RoleServer>) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let out = self.out.clone();
+        let state = self.state.clone();
+        let server_info = self.server_info.clone();
+        async move {
+            let mut v = serde_json::to_value(&item)?;
+            if let Some(id) = v.get("id").filter(|_| v.get("method").is_none()) {
+                let key = id.to_string();
+                let modern = state.lock().map(|mut s| s.modern.remove(&key)).unwrap_or(false);
+                if modern {
+                    if let Some(Value::Object(result)) = v.get_mut("result") {
+                        let meta = result.entry("_meta").or_insert_with(|| json!({}));
+                        if let Value::Object(m) = meta {
+                            m.insert("io.modelcontextprotocol/serverInfo".into(), server_info);
+                        }
+                    }
+                }
+            }
+            LineTransport::write_value(&out, &v).await
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            let line = match self.read_line().await {
+                Ok(Line::Eof) => return None,
+                Ok(Line::Full(bytes)) => bytes,
+                Ok(Line::TooLong(prefix)) => {
+                    tracing::warn!(limit = MAX_LINE_BYTES, "input message over the size limit rejected");
+                    self.reply_error(recover_id(&prefix), -32600, format!("message exceeds the {MAX_LINE_BYTES}-byte limit"))
+                        .await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "stdin read failed; ending the session");
+                    return None;
+                }
+            };
+            let trimmed = line.trim_ascii();
+            if trimmed.is_empty() {
+                continue;
+            }
+            let v: Value = match serde_json::from_slice(trimmed) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.reply_error(Value::Null, -32700, format!("Parse error: {e}")).await;
+                    continue;
+                }
+            };
+            let Some(obj) = v.as_object() else {
+                self.reply_error(Value::Null, -32600, "Invalid Request: expected a JSON-RPC object (batches are not supported)".into())
+                    .await;
+                continue;
+            };
+            let id = obj.get("id").cloned();
+            let has_method = obj.get("method").is_some_and(Value::is_string);
+            if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+                if has_method && id.is_some() {
+                    self.reply_error(id.unwrap_or(Value::Null), -32600, "Invalid Request: jsonrpc must be \"2.0\"".into()).await;
+                }
+                continue;
+            }
+            let msg: RxJsonRpcMessage<RoleServer> = match serde_json::from_value(v.clone()) {
+                Ok(m) => m,
+                Err(e) => {
+                    match (has_method, id) {
+                        (true, Some(id)) => self.reply_error(id, -32602, format!("Invalid params: {e}")).await,
+                        (false, Some(id)) if obj.get("method").is_some() => {
+                            self.reply_error(id, -32600, "Invalid Request: method must be a string".into()).await
+                        }
+                        _ => tracing::debug!("dropping an unusable notification or response"),
+                    }
+                    continue;
+                }
+            };
+            let is_request = has_method && obj.contains_key("id");
+            if let Ok(mut st) = self.state.lock() {
+                if !st.lifecycle_started {
+                    if !is_request {
+                        tracing::debug!("dropping a notification or response that arrived before the session started");
+                        continue;
+                    }
+                    if starts_lifecycle(&v) {
+                        st.lifecycle_started = true;
+                    }
+                }
+                if is_request {
+                    if let (Some(ver), Some(id)) = (meta_version(&v), obj.get("id")) {
+                        if ver >= MODERN_FROM {
+                            st.modern.insert(id.to_string());
+                        }
+                    }
+                } else if obj.get("method").and_then(Value::as_str) == Some("notifications/cancelled") {
+                    if let Some(rid) = v.pointer("/params/requestId") {
+                        st.modern.remove(&rid.to_string());
+                    }
+                }
+            }
+            return Some(msg);
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        let mut w = self.out.lock().await;
+        w.flush().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovers_ids() {
+        assert_eq!(recover_id(br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"x":"#), json!(42));
+        assert_eq!(recover_id(br#"{"id": "abc", "method":"x"}"#), json!("abc"));
+        assert_eq!(recover_id(br#"{"method":"x","params":{"id":5"#), Value::Null);
+    }
+}

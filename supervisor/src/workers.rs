@@ -1,0 +1,351 @@
+//! Worker lifecycle and the supervisor side of IPC, generic over roles.
+//!
+//! Each [`WorkerSlot`] owns one role: it spawns the worker (our own binary,
+//! executed through a descriptor opened at startup, with an empty
+//! environment and only the IPC socket on descriptor 3), performs the
+//! handshake and configuration, routes replies and progress by request id,
+//! and restarts the worker with backoff when it dies. Calls in flight when a
+//! worker dies fail with [`CallError::WorkerDied`]; nothing is replayed.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use snowluma_proto::{
+    BUILD_ID, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_ARG,
+    WORKER_IPC_FD, WorkerConfig, read_frame, write_frame,
+};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error, Clone)]
+pub enum CallError {
+    #[error("the {0} worker stopped while handling this call; the call was not retried")]
+    WorkerDied(&'static str),
+    #[error("the {0} worker is not available (it is restarting or failed to start)")]
+    Unavailable(&'static str),
+    #[error("the call was cancelled")]
+    Cancelled,
+}
+
+/// How long a call waits for a restarting worker before giving up.
+const AVAILABILITY_WAIT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A worker that lived this long resets the backoff.
+const HEALTHY_AFTER: Duration = Duration::from_secs(30);
+
+/// Our own executable, opened once at startup so that restarts execute the
+/// same binary even if the file on disk is replaced by an upgrade.
+#[derive(Debug)]
+pub struct SelfExe {
+    fd: OwnedFd,
+}
+
+impl SelfExe {
+    pub fn open() -> std::io::Result<SelfExe> {
+        let f = std::fs::File::open("/proc/self/exe")?;
+        Ok(SelfExe { fd: f.into() })
+    }
+    fn path(&self) -> String {
+        format!("/proc/self/fd/{}", self.fd.as_raw_fd())
+    }
+}
+
+struct Pending {
+    reply: oneshot::Sender<Result<Reply, CallError>>,
+    progress: Option<mpsc::UnboundedSender<Progress>>,
+}
+
+struct Conn {
+    tx: mpsc::UnboundedSender<ToWorker>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    pid: u32,
+}
+
+pub struct WorkerSlot {
+    role: Role,
+    live: watch::Receiver<Option<Arc<Conn>>>,
+    next_id: AtomicU64,
+    stop: CancellationToken,
+}
+
+pub struct SpawnSpec {
+    pub exe: Arc<SelfExe>,
+    pub log_filter: String,
+}
+
+impl WorkerSlot {
+    /// Start supervising `role`; the first worker is spawned immediately.
+    pub fn start(role: Role, config: WorkerConfig, spec: Arc<SpawnSpec>) -> Arc<WorkerSlot> {
+        let (live_tx, live_rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+        let slot = Arc::new(WorkerSlot { role, live: live_rx, next_id: AtomicU64::new(1), stop: stop.clone() });
+        tokio::spawn(supervise(role, config, spec, live_tx, stop));
+        slot
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Pid of the live worker, if any (diagnostics and tests).
+    pub fn pid(&self) -> Option<u32> {
+        self.live.borrow().as_ref().map(|c| c.pid)
+    }
+
+    pub fn shutdown(&self) {
+        self.stop.cancel();
+    }
+
+    async fn conn(&self, cancel: &CancellationToken) -> Result<Arc<Conn>, CallError> {
+        let mut rx = self.live.clone();
+        let wait = async {
+            loop {
+                if let Some(c) = rx.borrow_and_update().clone() {
+                    return Ok(c);
+                }
+                if rx.changed().await.is_err() {
+                    return Err(CallError::Unavailable(self.role.as_str()));
+                }
+            }
+        };
+        tokio::select! {
+            r = wait => r,
+            _ = cancel.cancelled() => Err(CallError::Cancelled),
+            _ = tokio::time::sleep(AVAILABILITY_WAIT) => Err(CallError::Unavailable(self.role.as_str())),
+        }
+    }
+
+    /// Send one request and wait for its reply. Cancelling `cancel` sends a
+    /// cancel message to the worker and returns [`CallError::Cancelled`].
+    pub async fn call(
+        &self,
+        request: Request,
+        cancel: &CancellationToken,
+        progress: Option<mpsc::UnboundedSender<Progress>>,
+    ) -> Result<Reply, CallError> {
+        let conn = self.conn(cancel).await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut p = conn.pending.lock().map_err(|_| CallError::Unavailable(self.role.as_str()))?;
+            p.insert(id, Pending { reply: tx, progress });
+        }
+        if conn.tx.send(ToWorker::Request { id, request }).is_err() {
+            if let Ok(mut p) = conn.pending.lock() {
+                p.remove(&id);
+            }
+            return Err(CallError::WorkerDied(self.role.as_str()));
+        }
+        tokio::select! {
+            r = rx => r.unwrap_or(Err(CallError::WorkerDied(self.role.as_str()))),
+            _ = cancel.cancelled() => {
+                if let Ok(mut p) = conn.pending.lock() {
+                    p.remove(&id);
+                }
+                let _ = conn.tx.send(ToWorker::Cancel { id });
+                Err(CallError::Cancelled)
+            }
+        }
+    }
+}
+
+fn spawn_child(role: Role, spec: &SpawnSpec) -> std::io::Result<(tokio::process::Child, OwnedFd)> {
+    let (parent, child) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(std::io::Error::from)?;
+    let child_raw = child.as_raw_fd();
+    let mut cmd = std::process::Command::new(spec.exe.path());
+    cmd.arg0("snowluma-mcp")
+        .arg(WORKER_ARG)
+        .arg(role.as_str())
+        .arg(&spec.log_filter)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (dup2, fcntl, close_range) on descriptors it
+    // owns; it allocates nothing and touches no locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            use nix::libc;
+            if child_raw == WORKER_IPC_FD {
+                if libc::fcntl(child_raw, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(child_raw, WORKER_IPC_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Mark everything above the IPC socket close-on-exec, in case some
+            // library opened a descriptor without O_CLOEXEC. (The executable's
+            // own descriptor must survive until exec opens it, so CLOEXEC, not
+            // close.) Old kernels without close_range fall back to the
+            // CLOEXEC discipline of std and tokio.
+            const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+            let _ = libc::syscall(libc::SYS_close_range, (WORKER_IPC_FD + 1) as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
+            Ok(())
+        });
+    }
+    let child_proc = tokio::process::Command::from(cmd).kill_on_drop(true).spawn()?;
+    drop(child);
+    Ok((child_proc, parent))
+}
+
+async fn handshake(
+    stream: &mut UnixStream,
+    role: Role,
+    config: &WorkerConfig,
+) -> Result<u32, String> {
+    write_frame(stream, &ToWorker::Hello(Hello { build: BUILD_ID.to_owned(), role }))
+        .await
+        .map_err(|e| e.to_string())?;
+    let pid = match read_frame::<_, FromWorker>(stream).await.map_err(|e| e.to_string())? {
+        FromWorker::Ready { build, pid } if build == BUILD_ID => pid,
+        FromWorker::Ready { build, .. } => return Err(format!("worker of another build ({build})")),
+        FromWorker::Refused { reason } => return Err(format!("worker refused: {reason}")),
+        other => return Err(format!("unexpected handshake reply {other:?}")),
+    };
+    write_frame(stream, &ToWorker::Configure(config.clone())).await.map_err(|e| e.to_string())?;
+    match read_frame::<_, FromWorker>(stream).await.map_err(|e| e.to_string())? {
+        FromWorker::Configured => Ok(pid),
+        FromWorker::Refused { reason } => Err(format!("worker refused its configuration: {reason}")),
+        other => Err(format!("unexpected configuration reply {other:?}")),
+    }
+}
+
+async fn supervise(
+    role: Role,
+    config: WorkerConfig,
+    spec: Arc<SpawnSpec>,
+    live: watch::Sender<Option<Arc<Conn>>>,
+    stop: CancellationToken,
+) {
+    let mut backoff = BACKOFF_MIN;
+    let name = role.as_str();
+    loop {
+        let started = Instant::now();
+        match run_once(role, &config, &spec, &live, &stop).await {
+            Ok(()) if stop.is_cancelled() => return,
+            Ok(()) => {}
+            Err(e) => tracing::warn!(worker = name, error = %e, "worker failed to start"),
+        }
+        if started.elapsed() >= HEALTHY_AFTER {
+            backoff = BACKOFF_MIN;
+        }
+        tracing::info!(worker = name, backoff_ms = backoff.as_millis() as u64, "restarting worker after backoff");
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Run one worker incarnation until it dies (or we are stopped).
+async fn run_once(
+    role: Role,
+    config: &WorkerConfig,
+    spec: &SpawnSpec,
+    live: &watch::Sender<Option<Arc<Conn>>>,
+    stop: &CancellationToken,
+) -> Result<(), String> {
+    let name = role.as_str();
+    let (mut child, parent) = spawn_child(role, spec).map_err(|e| format!("spawn: {e}"))?;
+    let std_stream = std::os::unix::net::UnixStream::from(parent);
+    std_stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let mut stream = UnixStream::from_std(std_stream).map_err(|e| e.to_string())?;
+    let pid = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut stream, role, config)).await {
+        Ok(Ok(pid)) => pid,
+        Ok(Err(e)) => {
+            let _ = child.kill().await;
+            return Err(e);
+        }
+        Err(_) => {
+            let _ = child.kill().await;
+            return Err("handshake timed out".into());
+        }
+    };
+    tracing::debug!(worker = name, pid, "worker ready");
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
+    let conn = Arc::new(Conn { tx, pending: Mutex::new(HashMap::new()), pid });
+    live.send_replace(Some(conn.clone()));
+
+    let writer = tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            if write_frame(&mut wr, &msg).await.is_err() {
+                break;
+            }
+        }
+    });
+    let reader_conn = conn.clone();
+    let reader = async move {
+        loop {
+            match read_frame::<_, FromWorker>(&mut rd).await {
+                Ok(FromWorker::Reply { id, reply }) => {
+                    let p = reader_conn.pending.lock().ok().and_then(|mut p| p.remove(&id));
+                    if let Some(p) = p {
+                        let _ = p.reply.send(Ok(reply));
+                    }
+                }
+                Ok(FromWorker::Progress { id, progress }) => {
+                    if let Ok(p) = reader_conn.pending.lock() {
+                        if let Some(tx) = p.get(&id).and_then(|p| p.progress.as_ref()) {
+                            let _ = tx.send(progress);
+                        }
+                    }
+                }
+                Ok(other) => {
+                    tracing::warn!(worker = name, message = ?other, "unexpected message from worker; dropping the connection");
+                    return;
+                }
+                Err(FrameError::Closed) => return,
+                Err(e) => {
+                    tracing::warn!(worker = name, error = %e, "IPC error; dropping the connection");
+                    return;
+                }
+            }
+        }
+    };
+    let status = tokio::select! {
+        _ = reader => {
+            // The socket is gone: the worker died or broke protocol.
+            let _ = child.start_kill();
+            child.wait().await.ok()
+        }
+        s = child.wait() => s.ok(),
+        _ = stop.cancelled() => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            None
+        }
+    };
+    live.send_replace(None);
+    writer.abort();
+    let drained: Vec<Pending> = conn
+        .pending
+        .lock()
+        .map(|mut p| p.drain().map(|(_, v)| v).collect())
+        .unwrap_or_default();
+    if !drained.is_empty() {
+        tracing::warn!(worker = name, calls = drained.len(), "failing calls that were in flight when the worker stopped");
+    }
+    for p in drained {
+        let _ = p.reply.send(Err(CallError::WorkerDied(name)));
+    }
+    if !stop.is_cancelled() {
+        match status {
+            Some(s) => tracing::warn!(worker = name, pid, status = %s, "worker exited"),
+            None => tracing::warn!(worker = name, pid, "worker connection lost"),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! Self-confinement of a worker, run before its runtime starts any thread.
+//!
+//! Today: no new privileges and not dumpable, for every role. The Landlock,
+//! seccomp and rlimit layers (one module per mechanism) are added by the
+//! confinement work; this is the single place each role's policy is applied.
+
+use snowluma_proto::Role;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("prctl({what}) failed: {source}")]
+    Prctl { what: &'static str, source: nix::Error },
+}
+
+pub fn confine_self(_role: Role) -> Result<(), ConfineError> {
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|source| ConfineError::Prctl { what: "PR_SET_NO_NEW_PRIVS", source })?;
+    nix::sys::prctl::set_dumpable(false)
+        .map_err(|source| ConfineError::Prctl { what: "PR_SET_DUMPABLE", source })?;
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! The worker side of the IPC protocol, common to every role: handshake,
+//! configuration, concurrent requests with per-request cancellation, and
+//! exit when the supervisor goes away.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use snowluma_proto::{
+    BUILD_ID, FrameError, FromWorker, Progress, Reply, Request, Role, ToWorker, WorkerConfig,
+    read_frame, write_frame,
+};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("IPC: {0}")]
+    Frame(#[from] FrameError),
+    #[error("IPC socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("handshake: {0}")]
+    Handshake(String),
+    #[error("role {0:?} is not part of this build")]
+    RoleNotBuilt(Role),
+}
+
+/// What a request handler gets besides the request.
+#[derive(Clone)]
+pub struct Ctx {
+    pub cancel: CancellationToken,
+    id: u64,
+    out: mpsc::UnboundedSender<FromWorker>,
+}
+
+impl Ctx {
+    /// Report progress for this request; dropped silently if the
+    /// supervisor is gone (the reply path reports that).
+    pub fn progress(&self, progress: Progress) {
+        let _ = self.out.send(FromWorker::Progress { id: self.id, progress });
+    }
+}
+
+/// A role's request handler.
+pub trait RoleHandler: Send + Sync + 'static {
+    /// Accept the role's configuration (sent once, right after the handshake).
+    fn configure(&self, config: WorkerConfig) -> Result<(), String>;
+    /// Serve one request. Must return promptly once `ctx.cancel` fires.
+    fn handle(&self, request: Request, ctx: Ctx) -> impl Future<Output = Reply> + Send;
+}
+
+pub async fn serve<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Result<(), ServeError> {
+    let std_stream = std::os::unix::net::UnixStream::from(fd);
+    std_stream.set_nonblocking(true)?;
+    let stream = UnixStream::from_std(std_stream)?;
+    let (mut rd, mut wr) = stream.into_split();
+
+    // Handshake.
+    match read_frame::<_, ToWorker>(&mut rd).await? {
+        ToWorker::Hello(h) if h.build == BUILD_ID && h.role == role => {
+            write_frame(&mut wr, &FromWorker::Ready { build: BUILD_ID.to_owned(), pid: std::process::id() })
+                .await?;
+        }
+        ToWorker::Hello(h) => {
+            let reason = format!(
+                "build or role mismatch: supervisor {} / {:?}, worker {} / {:?}",
+                h.build, h.role, BUILD_ID, role
+            );
+            write_frame(&mut wr, &FromWorker::Refused { reason: reason.clone() }).await?;
+            return Err(ServeError::Handshake(reason));
+        }
+        other => return Err(ServeError::Handshake(format!("expected Hello, got {other:?}"))),
+    }
+
+    let handler = Arc::new(handler);
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<FromWorker>();
+    let writer = tokio::spawn(async move {
+        while let Some(msg) = out_rx.recv().await {
+            if write_frame(&mut wr, &msg).await.is_err() {
+                break;
+            }
+        }
+    });
+    let inflight: Arc<Mutex<HashMap<u64, CancellationToken>>> = Arc::default();
+
+    let result = loop {
+        let msg = match read_frame::<_, ToWorker>(&mut rd).await {
+            Ok(m) => m,
+            Err(FrameError::Closed) => break Ok(()),
+            Err(e) => break Err(ServeError::Frame(e)),
+        };
+        match msg {
+            ToWorker::Configure(cfg) => {
+                let reply = match handler.configure(cfg) {
+                    Ok(()) => FromWorker::Configured,
+                    Err(reason) => FromWorker::Refused { reason },
+                };
+                let _ = out_tx.send(reply);
+            }
+            ToWorker::Request { id, request } => {
+                let cancel = CancellationToken::new();
+                if let Ok(mut map) = inflight.lock() {
+                    map.insert(id, cancel.clone());
+                }
+                let ctx = Ctx { cancel, id, out: out_tx.clone() };
+                let handler = handler.clone();
+                let inflight = inflight.clone();
+                let out = out_tx.clone();
+                tokio::spawn(async move {
+                    let reply = handler.handle(request, ctx).await;
+                    if let Ok(mut map) = inflight.lock() {
+                        map.remove(&id);
+                    }
+                    let _ = out.send(FromWorker::Reply { id, reply });
+                });
+            }
+            ToWorker::Cancel { id } => {
+                if let Ok(map) = inflight.lock() {
+                    if let Some(t) = map.get(&id) {
+                        t.cancel();
+                    }
+                }
+            }
+            ToWorker::Hello(_) => break Err(ServeError::Handshake("second Hello".into())),
+        }
+    };
+    // The supervisor is gone (or spoke nonsense): stop everything in flight.
+    if let Ok(map) = inflight.lock() {
+        for t in map.values() {
+            t.cancel();
+        }
+    }
+    drop(out_tx);
+    writer.abort();
+    result
+}
