@@ -80,8 +80,8 @@ pub fn load_defs(defs_dir: &Path) -> Result<Vec<(PathBuf, ActionDef)>, GenError>
         files.sort();
         for f in files {
             let text = std::fs::read_to_string(&f).map_err(io(&f))?;
-            let def: ActionDef = serde_json::from_str(&text)
-                .map_err(|source| GenError::Parse { path: f.clone(), source })?;
+            let def: ActionDef =
+                serde_json::from_str(&text).map_err(|source| GenError::Parse { path: f.clone(), source })?;
             out.push((f, def));
         }
     }
@@ -115,7 +115,7 @@ pub fn generate(defs_dir: &Path, strict: bool) -> Result<String, GenError> {
     if !problems.is_empty() {
         return Err(GenError::Invalid { count: problems.len(), list: problems.join("\n") });
     }
-    defs.sort_by(|a, b| order_key(&a.1.name).cmp(&order_key(&b.1.name)));
+    defs.sort_by_key(|a| order_key(&a.1.name));
     let actions: Vec<Value> = defs.iter().map(|(_, d)| render_action(d)).collect();
     let categories: Vec<Value> = CATEGORIES
         .iter()
@@ -128,10 +128,8 @@ pub fn generate(defs_dir: &Path, strict: bool) -> Result<String, GenError> {
         "categories": body["categories"],
         "actions": body["actions"],
     });
-    let mut text = serde_json::to_string_pretty(&doc).map_err(|source| GenError::Parse {
-        path: defs_dir.to_path_buf(),
-        source,
-    })?;
+    let mut text = serde_json::to_string_pretty(&doc)
+        .map_err(|source| GenError::Parse { path: defs_dir.to_path_buf(), source })?;
     text.push('\n');
     Ok(text)
 }

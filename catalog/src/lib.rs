@@ -110,9 +110,7 @@ impl Catalog {
         let mut actions = Vec::new();
         let mut index = HashMap::new();
         for a in doc["actions"].as_array().ok_or_else(|| shape("actions"))? {
-            let s = |k: &str| -> Result<String, CatalogError> {
-                Ok(a[k].as_str().ok_or_else(|| shape(k))?.to_owned())
-            };
+            let s = |k: &str| -> Result<String, CatalogError> { Ok(a[k].as_str().ok_or_else(|| shape(k))?.to_owned()) };
             let strings = |k: &str| -> Result<Vec<String>, CatalogError> {
                 a[k].as_array()
                     .ok_or_else(|| shape(k))?

@@ -60,56 +60,56 @@ fn check(schema: &Value, v: &Value, path: &str, errs: &mut Vec<String>) {
             return;
         }
     }
-    if let Some(Value::Array(options)) = s.get("enum") {
-        if !options.contains(v) {
-            errs.push(format!("{path}: must be one of {}", Value::Array(options.clone())));
-        }
+    if let Some(Value::Array(options)) = s.get("enum")
+        && !options.contains(v)
+    {
+        errs.push(format!("{path}: must be one of {}", Value::Array(options.clone())));
     }
-    if let Some(c) = s.get("const") {
-        if c != v {
-            errs.push(format!("{path}: must equal {c}"));
-        }
+    if let Some(c) = s.get("const")
+        && c != v
+    {
+        errs.push(format!("{path}: must equal {c}"));
     }
-    if let Some(n) = s.get("not") {
-        if validate(n, v).is_empty() {
-            errs.push(format!("{path}: value {v} is not allowed here"));
-        }
+    if let Some(n) = s.get("not")
+        && validate(n, v).is_empty()
+    {
+        errs.push(format!("{path}: value {v} is not allowed here"));
     }
     if let Some(x) = v.as_f64() {
-        if let Some(min) = s.get("minimum").and_then(Value::as_f64) {
-            if x < min {
-                errs.push(format!("{path}: must be at least {min}"));
-            }
+        if let Some(min) = s.get("minimum").and_then(Value::as_f64)
+            && x < min
+        {
+            errs.push(format!("{path}: must be at least {min}"));
         }
-        if let Some(max) = s.get("maximum").and_then(Value::as_f64) {
-            if x > max {
-                errs.push(format!("{path}: must be at most {max}"));
-            }
+        if let Some(max) = s.get("maximum").and_then(Value::as_f64)
+            && x > max
+        {
+            errs.push(format!("{path}: must be at most {max}"));
         }
     }
     if let Some(text) = v.as_str() {
         let len = text.chars().count() as u64;
-        if let Some(min) = s.get("minLength").and_then(Value::as_u64) {
-            if len < min {
-                errs.push(format!("{path}: must have at least {min} characters"));
-            }
+        if let Some(min) = s.get("minLength").and_then(Value::as_u64)
+            && len < min
+        {
+            errs.push(format!("{path}: must have at least {min} characters"));
         }
-        if let Some(max) = s.get("maxLength").and_then(Value::as_u64) {
-            if len > max {
-                errs.push(format!("{path}: must have at most {max} characters"));
-            }
+        if let Some(max) = s.get("maxLength").and_then(Value::as_u64)
+            && len > max
+        {
+            errs.push(format!("{path}: must have at most {max} characters"));
         }
     }
     if let Value::Array(items) = v {
-        if let Some(min) = s.get("minItems").and_then(Value::as_u64) {
-            if (items.len() as u64) < min {
-                errs.push(format!("{path}: needs at least {min} items"));
-            }
+        if let Some(min) = s.get("minItems").and_then(Value::as_u64)
+            && (items.len() as u64) < min
+        {
+            errs.push(format!("{path}: needs at least {min} items"));
         }
-        if let Some(max) = s.get("maxItems").and_then(Value::as_u64) {
-            if (items.len() as u64) > max {
-                errs.push(format!("{path}: allows at most {max} items"));
-            }
+        if let Some(max) = s.get("maxItems").and_then(Value::as_u64)
+            && (items.len() as u64) > max
+        {
+            errs.push(format!("{path}: allows at most {max} items"));
         }
         if let Some(item_schema) = s.get("items") {
             for (i, item) in items.iter().enumerate() {
@@ -137,10 +137,10 @@ fn check(schema: &Value, v: &Value, path: &str, errs: &mut Vec<String>) {
             }
         }
     }
-    if let Some(Value::Array(any)) = s.get("anyOf") {
-        if !any.iter().any(|a| validate(a, v).is_empty()) {
-            errs.push(format!("{path}: matches none of the allowed forms"));
-        }
+    if let Some(Value::Array(any)) = s.get("anyOf")
+        && !any.iter().any(|a| validate(a, v).is_empty())
+    {
+        errs.push(format!("{path}: matches none of the allowed forms"));
     }
     if let Some(Value::Array(one)) = s.get("oneOf") {
         let n = one.iter().filter(|a| validate(a, v).is_empty()).count();

@@ -70,12 +70,7 @@ fn expand(term: &str) -> Vec<String> {
 }
 
 fn haystacks(a: &Action) -> [String; 4] {
-    [
-        a.name.to_lowercase(),
-        a.aliases.join(" ").to_lowercase(),
-        a.summary.to_lowercase(),
-        a.summary_zh.to_lowercase(),
-    ]
+    [a.name.to_lowercase(), a.aliases.join(" ").to_lowercase(), a.summary.to_lowercase(), a.summary_zh.to_lowercase()]
 }
 
 /// The original matching rule.

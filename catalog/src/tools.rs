@@ -104,9 +104,7 @@ pub fn call(catalog: &Catalog, tool: &str, args: &Value) -> Result<Value, DocErr
         }
         "list_categories" => {
             let _: NoArgs = parse("list_categories", args)?;
-            Ok(Value::Array(
-                catalog.categories.iter().map(|(c, n)| json!({"category": c, "count": n})).collect(),
-            ))
+            Ok(Value::Array(catalog.categories.iter().map(|(c, n)| json!({"category": c, "count": n})).collect()))
         }
         other => Err(DocError::UnknownTool(other.to_owned())),
     }
@@ -119,11 +117,11 @@ fn filtered<'c>(
     read_only: Option<bool>,
     stream: Option<bool>,
 ) -> Result<Vec<(usize, &'c crate::Action)>, DocError> {
-    if let Some(c) = category {
-        if !catalog.categories.iter().any(|(k, _)| k == c) {
-            let known = catalog.categories.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ");
-            return Err(DocError::UnknownCategory { given: c.to_owned(), known });
-        }
+    if let Some(c) = category
+        && !catalog.categories.iter().any(|(k, _)| k == c)
+    {
+        let known = catalog.categories.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ");
+        return Err(DocError::UnknownCategory { given: c.to_owned(), known });
     }
     let _ = tool;
     Ok(catalog
@@ -161,10 +159,10 @@ pub fn read_resource(catalog: &Catalog, uri: &str) -> Result<String, DocError> {
         return Ok(catalog.resource_text().to_owned());
     }
     let prefix = ACTION_URI_TEMPLATE.trim_end_matches("{name}");
-    if let Some(name) = uri.strip_prefix(prefix) {
-        if let Some(a) = catalog.get(name) {
-            return serde_json::to_string_pretty(&a.doc).map_err(|_| DocError::ResourceNotFound(uri.to_owned()));
-        }
+    if let Some(name) = uri.strip_prefix(prefix)
+        && let Some(a) = catalog.get(name)
+    {
+        return serde_json::to_string_pretty(&a.doc).map_err(|_| DocError::ResourceNotFound(uri.to_owned()));
     }
     Err(DocError::ResourceNotFound(uri.to_owned()))
 }

@@ -21,11 +21,7 @@ pub const IPC_VERSION: u32 = 1;
 
 /// Identity of this build's IPC vocabulary: crate version, IPC version and a
 /// digest of the message definitions (computed by `build.rs`).
-pub const BUILD_ID: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    "/ipc1/",
-    env!("SNOWLUMA_PROTO_DIGEST")
-);
+pub const BUILD_ID: &str = concat!(env!("CARGO_PKG_VERSION"), "/ipc1/", env!("SNOWLUMA_PROTO_DIGEST"));
 
 /// The descriptor on which a worker finds its IPC socket.
 pub const WORKER_IPC_FD: i32 = 3;
@@ -104,9 +100,7 @@ pub struct NetworkConfig {
 impl std::fmt::Debug for NetworkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print the endpoint or the token.
-        f.debug_struct("NetworkConfig")
-            .field("timeout_ms", &self.timeout_ms)
-            .finish_non_exhaustive()
+        f.debug_struct("NetworkConfig").field("timeout_ms", &self.timeout_ms).finish_non_exhaustive()
     }
 }
 

@@ -81,21 +81,11 @@ impl Diagnostics {
     }
 
     pub fn failed(kind: FailureKind, message: impl Into<String>) -> Diagnostics {
-        Diagnostics {
-            outcome: Outcome::Failed,
-            kind: Some(kind),
-            message: Some(message.into()),
-            next_step: None,
-        }
+        Diagnostics { outcome: Outcome::Failed, kind: Some(kind), message: Some(message.into()), next_step: None }
     }
 
     pub fn unknown(kind: FailureKind, message: impl Into<String>) -> Diagnostics {
-        Diagnostics {
-            outcome: Outcome::Unknown,
-            kind: Some(kind),
-            message: Some(message.into()),
-            next_step: None,
-        }
+        Diagnostics { outcome: Outcome::Unknown, kind: Some(kind), message: Some(message.into()), next_step: None }
     }
 
     pub fn with_next_step(mut self, step: impl Into<String>) -> Diagnostics {
@@ -146,11 +136,7 @@ pub struct ToolReply {
 
 impl ToolReply {
     pub fn ok(result: &Value) -> ToolReply {
-        ToolReply {
-            result: Some(JsonText::from_value(result)),
-            diagnostics: Diagnostics::success(),
-            is_error: false,
-        }
+        ToolReply { result: Some(JsonText::from_value(result)), diagnostics: Diagnostics::success(), is_error: false }
     }
 
     pub fn with_diagnostics(result: &Value, diagnostics: Diagnostics) -> ToolReply {

@@ -145,10 +145,8 @@ fn validate_http_url(raw: &str) -> Result<(), String> {
 }
 
 fn validate_ws_url(raw: &str) -> Result<(), String> {
-    let rest = raw
-        .strip_prefix("ws://")
-        .or_else(|| raw.strip_prefix("wss://"))
-        .ok_or("must start with ws:// or wss://")?;
+    let rest =
+        raw.strip_prefix("ws://").or_else(|| raw.strip_prefix("wss://")).ok_or("must start with ws:// or wss://")?;
     let authority = rest.split('/').next().unwrap_or("");
     if authority.is_empty() {
         return Err("has no host".into());
@@ -181,7 +179,11 @@ impl Config {
                 "read" => Mode::Read,
                 "write" => Mode::Write,
                 _ => {
-                    return Err(bad("SNOWLUMA_MCP_MODE", "--mode", format!("must be one of docs, read, write; got {m:?}")));
+                    return Err(bad(
+                        "SNOWLUMA_MCP_MODE",
+                        "--mode",
+                        format!("must be one of docs, read, write; got {m:?}"),
+                    ));
                 }
             }),
         };
@@ -206,10 +208,14 @@ impl Config {
             }
             None => env_token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()),
         };
-        if let Some(t) = &token {
-            if t.chars().any(|c| c.is_control() || c == ' ') {
-                return Err(bad("SNOWLUMA_MCP_TOKEN", "--token-file", "contains spaces or control characters (value not shown)"));
-            }
+        if let Some(t) = &token
+            && t.chars().any(|c| c.is_control() || c == ' ')
+        {
+            return Err(bad(
+                "SNOWLUMA_MCP_TOKEN",
+                "--token-file",
+                "contains spaces or control characters (value not shown)",
+            ));
         }
         let timeout_ms = match nonempty(&cli.timeout_ms) {
             None => DEFAULT_TIMEOUT_MS,

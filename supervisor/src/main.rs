@@ -21,8 +21,8 @@ use crate::server::{SnowlumaServer, Workers};
 use crate::workers::{SelfExe, SpawnSpec, WorkerSlot};
 
 fn init_tracing(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -54,6 +54,20 @@ fn main() -> ExitCode {
     init_tracing(&config.log);
     for w in &config.warnings {
         tracing::warn!("{w}");
+    }
+    // Fail closed: an operator who asked for an audit log must never get
+    // unaudited writes from a build that cannot write one.
+    if config.audit_log.is_some() {
+        eprintln!(
+            "snowluma-mcp: configuration error: SNOWLUMA_MCP_AUDIT_LOG (--audit-log) is set, but this build has no audit log; refusing to start rather than execute writes unaudited"
+        );
+        return ExitCode::from(2);
+    }
+    if config.events_url.is_some() {
+        tracing::warn!("SNOWLUMA_MCP_EVENTS_URL is set, but event resources are not part of this build; ignoring it");
+    }
+    if config.task_dir.is_some() {
+        tracing::warn!("SNOWLUMA_MCP_TASK_DIR is set, but persistent tasks are not part of this build; ignoring it");
     }
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,

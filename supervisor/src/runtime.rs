@@ -24,18 +24,31 @@ pub fn download_dir(server: &SnowlumaServer) -> std::path::PathBuf {
     server.config().stream_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("snowluma-mcp").join("downloads"))
 }
 
-pub async fn runtime_info(server: &SnowlumaServer, args: Value, cancel: &CancellationToken, trace: &CallTrace) -> ToolReply {
+pub async fn runtime_info(
+    server: &SnowlumaServer,
+    args: Value,
+    cancel: &CancellationToken,
+    trace: &CallTrace,
+) -> ToolReply {
     let args: Args = match serde_json::from_value(args) {
         Ok(a) => a,
-        Err(e) => return ToolReply::fail(FailureKind::InvalidArguments, format!("invalid arguments for get_runtime_info: {e}")),
+        Err(e) => {
+            return ToolReply::fail(
+                FailureKind::InvalidArguments,
+                format!("invalid arguments for get_runtime_info: {e}"),
+            );
+        }
     };
     let cfg = server.config();
     let catalog = server.catalog();
     let executes = cfg.mode.executes();
     if args.check_connection && !executes {
         return ToolReply::error(
-            Diagnostics::failed(FailureKind::ModeForbidden, "check_connection needs read or write mode with a configured endpoint")
-                .with_next_step("Call get_runtime_info without check_connection, or configure SNOWLUMA_MCP_ENDPOINT."),
+            Diagnostics::failed(
+                FailureKind::ModeForbidden,
+                "check_connection needs read or write mode with a configured endpoint",
+            )
+            .with_next_step("Call get_runtime_info without check_connection, or configure SNOWLUMA_MCP_ENDPOINT."),
         );
     }
     let transport = if executes {
@@ -61,6 +74,13 @@ pub async fn runtime_info(server: &SnowlumaServer, args: Value, cancel: &Cancell
         "catalog": {"version": catalog.version, "action_count": catalog.actions.len(), "server_support": "unknown"},
         "transport": transport,
         "connection_checked": false,
+        "services": {
+            "events_configured": cfg.events_url.is_some(),
+            "events_available": false,
+            "tasks_configured": cfg.task_dir.is_some(),
+            "tasks_available": false,
+            "audit_log": false,
+        },
     });
     if args.check_connection {
         let mut checks = serde_json::Map::new();
@@ -69,7 +89,10 @@ pub async fn runtime_info(server: &SnowlumaServer, args: Value, cancel: &Cancell
             let r = server.query(action, trace, cancel).await;
             all_ok &= r.diagnostics.outcome == snowluma_proto::Outcome::Success;
             let result = r.result.as_ref().and_then(|t| t.parse().ok()).unwrap_or(Value::Null);
-            checks.insert(action.into(), json!({"result": result, "diagnostics": r.diagnostics.to_json(), "is_error": r.is_error}));
+            checks.insert(
+                action.into(),
+                json!({"result": result, "diagnostics": r.diagnostics.to_json(), "is_error": r.is_error}),
+            );
         }
         out["connection_checked"] = json!(true);
         out["checks"] = Value::Object(checks);

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListResourceTemplatesResult,
-    ListResourcesResult, ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, MetaObject, PaginatedRequestParams,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource, ResourceContents,
+    ResourceTemplate, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -62,10 +63,11 @@ fn call_error_reply(e: CallError, write: bool) -> ToolReply {
             message: Some(e.to_string()),
             next_step: None,
         }),
-        CallError::WorkerDied(_) if write => ToolReply::error(
-            Diagnostics::unknown(FailureKind::WorkerUnavailable, e.to_string())
-                .with_next_step("The action may or may not have reached SnowLuma; check its effect before trying again."),
-        ),
+        CallError::WorkerDied(_) if write => {
+            ToolReply::error(Diagnostics::unknown(FailureKind::WorkerUnavailable, e.to_string()).with_next_step(
+                "The action may or may not have reached SnowLuma; check its effect before trying again.",
+            ))
+        }
         CallError::WorkerDied(_) | CallError::Unavailable(_) => ToolReply::error(
             Diagnostics::failed(FailureKind::WorkerUnavailable, e.to_string()).with_next_step("Call the tool again."),
         ),
@@ -124,7 +126,10 @@ impl SnowlumaServer {
         let req = Request::CatalogTool { tool: tool.to_owned(), args: JsonText::from_value(&args) };
         match self.workers.catalog.call(req, cancel, None).await {
             Ok(Reply::Tool(t)) => t,
-            Ok(other) => ToolReply::fail(FailureKind::Execution, format!("catalog worker answered unexpectedly: {}", reply_kind(&other))),
+            Ok(other) => ToolReply::fail(
+                FailureKind::Execution,
+                format!("catalog worker answered unexpectedly: {}", reply_kind(&other)),
+            ),
             Err(e) => call_error_reply(e, false),
         }
     }
@@ -158,14 +163,19 @@ impl SnowlumaServer {
         let Some(action) = self.catalog.get(&args.action) else {
             return ToolReply::error(
                 Diagnostics::failed(FailureKind::UnknownAction, format!("unknown action {:?}", args.action))
-                    .with_next_step("Find the action with search_actions or list_actions, then read it with get_action."),
+                    .with_next_step(
+                        "Find the action with search_actions or list_actions, then read it with get_action.",
+                    ),
             );
         };
         // Gate 3: query_action runs read-only actions only.
         if kind == ToolKind::Query && !action.read_only {
             return ToolReply::error(
-                Diagnostics::failed(FailureKind::ModeForbidden, format!("{} changes state; query_action runs read-only actions only", action.name))
-                    .with_next_step("Use invoke_action, which requires SNOWLUMA_MCP_MODE=write."),
+                Diagnostics::failed(
+                    FailureKind::ModeForbidden,
+                    format!("{} changes state; query_action runs read-only actions only", action.name),
+                )
+                .with_next_step("Use invoke_action, which requires SNOWLUMA_MCP_MODE=write."),
             );
         }
         let params = match args.params {
@@ -180,8 +190,11 @@ impl SnowlumaServer {
         };
         if args.execution.as_ref().is_some_and(|e| e.input_file.is_some()) {
             return ToolReply::error(
-                Diagnostics::failed(FailureKind::NotConfigured, "execution.input_file (automatic upload) is not available in this build")
-                    .with_next_step("Send upload_file_stream chunks through params instead."),
+                Diagnostics::failed(
+                    FailureKind::NotConfigured,
+                    "execution.input_file (automatic upload) is not available in this build",
+                )
+                .with_next_step("Send upload_file_stream chunks through params instead."),
             );
         }
         let req = Request::Execute(ExecRequest {
@@ -193,7 +206,10 @@ impl SnowlumaServer {
         });
         match network.call(req, cancel, None).await {
             Ok(Reply::Tool(t)) => t,
-            Ok(other) => ToolReply::fail(FailureKind::Execution, format!("network executor answered unexpectedly: {}", reply_kind(&other))),
+            Ok(other) => ToolReply::fail(
+                FailureKind::Execution,
+                format!("network executor answered unexpectedly: {}", reply_kind(&other)),
+            ),
             Err(e) => call_error_reply(e, !action.read_only),
         }
     }
@@ -273,7 +289,9 @@ impl ServerHandler for SnowlumaServer {
         let Some(spec) = tools::find(&request.name) else {
             return Err(McpError::invalid_params(
                 format!("unknown tool {:?}", request.name),
-                Some(json!({"tools": tools::listed(self.config.mode).iter().map(|t| t.name.clone()).collect::<Vec<_>>()})),
+                Some(
+                    json!({"tools": tools::listed(self.config.mode).iter().map(|t| t.name.clone()).collect::<Vec<_>>()}),
+                ),
             ));
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
@@ -340,7 +358,12 @@ impl ServerHandler for SnowlumaServer {
         let reply = self.workers.catalog.call(Request::CatalogResource { uri: uri.clone() }, &ctx.ct, None).await;
         match reply {
             Ok(Reply::Resource(r)) => {
-                let contents = ResourceContents::TextResourceContents { uri: r.uri, mime_type: Some(r.mime_type), text: r.text, meta: None };
+                let contents = ResourceContents::TextResourceContents {
+                    uri: r.uri,
+                    mime_type: Some(r.mime_type),
+                    text: r.text,
+                    meta: None,
+                };
                 let mut out = ReadResourceResult::new(vec![contents]);
                 if is_modern(&ctx) {
                     out = out.with_ttl_ms(CACHE_TTL_MS).with_cache_scope(CacheScope::Public);

@@ -119,7 +119,13 @@ fn exec_input() -> Value {
 }
 
 fn annotations(read_only: bool, destructive: bool, open_world: bool) -> ToolAnnotations {
-    ToolAnnotations::from_raw(None, Some(read_only), if read_only { None } else { Some(destructive) }, None, Some(open_world))
+    ToolAnnotations::from_raw(
+        None,
+        Some(read_only),
+        if read_only { None } else { Some(destructive) },
+        None,
+        Some(open_world),
+    )
 }
 
 /// The MCP definition of `spec`.

@@ -115,7 +115,9 @@ mod tests {
 
     #[test]
     fn keeps_trace_id_and_makes_new_span() {
-        let t = CallTrace::from_meta(&meta(json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=1,b=2"})));
+        let t = CallTrace::from_meta(&meta(
+            json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=1,b=2"}),
+        ));
         assert!(t.traceparent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
         assert!(!t.traceparent.contains("00f067aa0ba902b7"));
         assert_eq!(t.tracestate.as_deref(), Some("a=1,b=2"));
@@ -124,15 +126,24 @@ mod tests {
 
     #[test]
     fn invalid_inputs_start_a_new_trace() {
-        for bad in ["00-00000000000000000000000000000000-00f067aa0ba902b7-01", "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "garbage", "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"] {
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "garbage",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        ] {
             let t = CallTrace::from_meta(&meta(json!({"traceparent": bad})));
             assert_eq!(t.input, TraceInput::Invalid, "{bad}");
             assert!(parse_traceparent(&t.traceparent).is_some());
         }
         let many: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
-        let t = CallTrace::from_meta(&meta(json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": many.join(",")})));
+        let t = CallTrace::from_meta(&meta(
+            json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": many.join(",")}),
+        ));
         assert!(t.tracestate.is_none() && t.tracestate_rejected);
-        let t = CallTrace::from_meta(&meta(json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=".repeat(300)})));
+        let t = CallTrace::from_meta(&meta(
+            json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=".repeat(300)}),
+        ));
         assert!(t.tracestate.is_none());
     }
 }

@@ -41,6 +41,12 @@ type Writer = Arc<tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Sync + Unpin>>>
 
 pub struct LineTransport {
     reader: BufReader<Box<dyn AsyncRead + Send + Sync + Unpin>>,
+    /// The line being assembled. Kept here, not in the future, because rmcp
+    /// polls `receive` inside `select!` and may drop it between reads: the
+    /// read must be cancel-safe.
+    line: Vec<u8>,
+    /// Set once the current line exceeded the limit: the prefix kept for id recovery.
+    overflow: Option<Vec<u8>>,
     out: Writer,
     state: Arc<Mutex<State>>,
     server_info: Value,
@@ -68,6 +74,8 @@ impl LineTransport {
     ) -> LineTransport {
         LineTransport {
             reader: BufReader::with_capacity(64 * 1024, input),
+            line: Vec::new(),
+            overflow: None,
             out: Arc::new(tokio::sync::Mutex::new(output)),
             state: Arc::default(),
             server_info,
@@ -78,34 +86,36 @@ impl LineTransport {
         LineTransport::new(Box::new(tokio::io::stdin()), Box::new(tokio::io::stdout()), server_info)
     }
 
+    /// Cancel-safe: the only await is `fill_buf`, and bytes are moved into
+    /// `self.line` in the same poll in which they are consumed.
     async fn read_line(&mut self) -> std::io::Result<Line> {
-        let mut buf: Vec<u8> = Vec::new();
-        let mut overflow: Option<Vec<u8>> = None;
         loop {
             let avail = self.reader.fill_buf().await?;
             if avail.is_empty() {
-                return Ok(match overflow {
+                let line = std::mem::take(&mut self.line);
+                return Ok(match self.overflow.take() {
                     Some(prefix) => Line::TooLong(prefix),
-                    None if buf.is_empty() => Line::Eof,
-                    None => Line::Full(buf),
+                    None if line.is_empty() => Line::Eof,
+                    None => Line::Full(line),
                 });
             }
             let (chunk, consumed, done) = match avail.iter().position(|b| *b == b'\n') {
                 Some(i) => (&avail[..i], i + 1, true),
                 None => (avail, avail.len(), false),
             };
-            if overflow.is_none() {
-                buf.extend_from_slice(chunk);
-                if buf.len() > MAX_LINE_BYTES {
-                    buf.truncate(ID_SCAN_BYTES);
-                    overflow = Some(std::mem::take(&mut buf));
+            if self.overflow.is_none() {
+                self.line.extend_from_slice(chunk);
+                if self.line.len() > MAX_LINE_BYTES {
+                    self.line.truncate(ID_SCAN_BYTES);
+                    self.overflow = Some(std::mem::take(&mut self.line));
                 }
             }
             self.reader.consume(consumed);
             if done {
-                return Ok(match overflow {
+                let line = std::mem::take(&mut self.line);
+                return Ok(match self.overflow.take() {
                     Some(prefix) => Line::TooLong(prefix),
-                    None => Line::Full(buf),
+                    None => Line::Full(line),
                 });
             }
         }
@@ -120,11 +130,16 @@ impl LineTransport {
         Ok(())
     }
 
-    async fn reply_error(&self, id: Value, code: i64, message: String) {
+    /// Queue an error response. Written by its own task so that a dropped
+    /// `receive` future can never leave half a message on stdout.
+    fn reply_error(&self, id: Value, code: i64, message: String) {
         let v = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
-        if let Err(e) = Self::write_value(&self.out, &v).await {
-            tracing::warn!(error = %e, "cannot write an error response");
-        }
+        let out = self.out.clone();
+        tokio::spawn(async move {
+            if let Err(e) = Self::write_value(&out, &v).await {
+                tracing::warn!(error = %e, "cannot write an error response");
+            }
+        });
     }
 }
 
@@ -161,7 +176,8 @@ fn starts_lifecycle(v: &Value) -> bool {
         "ping" | "server/discover" => false,
         _ => {
             let caps = v.pointer("/params/_meta/io.modelcontextprotocol~1clientCapabilities");
-            matches!(meta_version(v), Some(ver) if SUPPORTED_VERSIONS.contains(&ver)) && caps.is_some_and(Value::is_object)
+            matches!(meta_version(v), Some(ver) if SUPPORTED_VERSIONS.contains(&ver))
+                && caps.is_some_and(Value::is_object)
         }
     }
 }
@@ -169,7 +185,10 @@ fn starts_lifecycle(v: &Value) -> bool {
 impl Transport<RoleServer> for LineTransport {
     type Error = TransportError;
 
-    fn send(&mut self, item: TxJsonRpcMessage<RoleServer>) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let out = self.out.clone();
         let state = self.state.clone();
         let server_info = self.server_info.clone();
@@ -178,12 +197,10 @@ impl Transport<RoleServer> for LineTransport {
             if let Some(id) = v.get("id").filter(|_| v.get("method").is_none()) {
                 let key = id.to_string();
                 let modern = state.lock().map(|mut s| s.modern.remove(&key)).unwrap_or(false);
-                if modern {
-                    if let Some(Value::Object(result)) = v.get_mut("result") {
-                        let meta = result.entry("_meta").or_insert_with(|| json!({}));
-                        if let Value::Object(m) = meta {
-                            m.insert("io.modelcontextprotocol/serverInfo".into(), server_info);
-                        }
+                if modern && let Some(Value::Object(result)) = v.get_mut("result") {
+                    let meta = result.entry("_meta").or_insert_with(|| json!({}));
+                    if let Value::Object(m) = meta {
+                        m.insert("io.modelcontextprotocol/serverInfo".into(), server_info);
                     }
                 }
             }
@@ -198,8 +215,11 @@ impl Transport<RoleServer> for LineTransport {
                 Ok(Line::Full(bytes)) => bytes,
                 Ok(Line::TooLong(prefix)) => {
                     tracing::warn!(limit = MAX_LINE_BYTES, "input message over the size limit rejected");
-                    self.reply_error(recover_id(&prefix), -32600, format!("message exceeds the {MAX_LINE_BYTES}-byte limit"))
-                        .await;
+                    self.reply_error(
+                        recover_id(&prefix),
+                        -32600,
+                        format!("message exceeds the {MAX_LINE_BYTES}-byte limit"),
+                    );
                     continue;
                 }
                 Err(e) => {
@@ -214,20 +234,27 @@ impl Transport<RoleServer> for LineTransport {
             let v: Value = match serde_json::from_slice(trimmed) {
                 Ok(v) => v,
                 Err(e) => {
-                    self.reply_error(Value::Null, -32700, format!("Parse error: {e}")).await;
+                    self.reply_error(Value::Null, -32700, format!("Parse error: {e}"));
                     continue;
                 }
             };
             let Some(obj) = v.as_object() else {
-                self.reply_error(Value::Null, -32600, "Invalid Request: expected a JSON-RPC object (batches are not supported)".into())
-                    .await;
+                self.reply_error(
+                    Value::Null,
+                    -32600,
+                    "Invalid Request: expected a JSON-RPC object (batches are not supported)".into(),
+                );
                 continue;
             };
             let id = obj.get("id").cloned();
             let has_method = obj.get("method").is_some_and(Value::is_string);
             if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
                 if has_method && id.is_some() {
-                    self.reply_error(id.unwrap_or(Value::Null), -32600, "Invalid Request: jsonrpc must be \"2.0\"".into()).await;
+                    self.reply_error(
+                        id.unwrap_or(Value::Null),
+                        -32600,
+                        "Invalid Request: jsonrpc must be \"2.0\"".into(),
+                    );
                 }
                 continue;
             }
@@ -235,9 +262,9 @@ impl Transport<RoleServer> for LineTransport {
                 Ok(m) => m,
                 Err(e) => {
                     match (has_method, id) {
-                        (true, Some(id)) => self.reply_error(id, -32602, format!("Invalid params: {e}")).await,
+                        (true, Some(id)) => self.reply_error(id, -32602, format!("Invalid params: {e}")),
                         (false, Some(id)) if obj.get("method").is_some() => {
-                            self.reply_error(id, -32600, "Invalid Request: method must be a string".into()).await
+                            self.reply_error(id, -32600, "Invalid Request: method must be a string".into())
                         }
                         _ => tracing::debug!("dropping an unusable notification or response"),
                     }
@@ -256,15 +283,15 @@ impl Transport<RoleServer> for LineTransport {
                     }
                 }
                 if is_request {
-                    if let (Some(ver), Some(id)) = (meta_version(&v), obj.get("id")) {
-                        if ver >= MODERN_FROM {
-                            st.modern.insert(id.to_string());
-                        }
+                    if let (Some(ver), Some(id)) = (meta_version(&v), obj.get("id"))
+                        && ver >= MODERN_FROM
+                    {
+                        st.modern.insert(id.to_string());
                     }
-                } else if obj.get("method").and_then(Value::as_str) == Some("notifications/cancelled") {
-                    if let Some(rid) = v.pointer("/params/requestId") {
-                        st.modern.remove(&rid.to_string());
-                    }
+                } else if obj.get("method").and_then(Value::as_str) == Some("notifications/cancelled")
+                    && let Some(rid) = v.pointer("/params/requestId")
+                {
+                    st.modern.remove(&rid.to_string());
                 }
             }
             return Some(msg);

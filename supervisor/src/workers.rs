@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use snowluma_proto::{
-    BUILD_ID, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_ARG,
-    WORKER_IPC_FD, WorkerConfig, read_frame, write_frame,
+    BUILD_ID, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_ARG, WORKER_IPC_FD,
+    WorkerConfig, read_frame, write_frame,
 };
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -67,7 +67,6 @@ struct Pending {
 struct Conn {
     tx: mpsc::UnboundedSender<ToWorker>,
     pending: Mutex<HashMap<u64, Pending>>,
-    pid: u32,
 }
 
 pub struct WorkerSlot {
@@ -90,15 +89,6 @@ impl WorkerSlot {
         let slot = Arc::new(WorkerSlot { role, live: live_rx, next_id: AtomicU64::new(1), stop: stop.clone() });
         tokio::spawn(supervise(role, config, spec, live_tx, stop));
         slot
-    }
-
-    pub fn role(&self) -> Role {
-        self.role
-    }
-
-    /// Pid of the live worker, if any (diagnostics and tests).
-    pub fn pid(&self) -> Option<u32> {
-        self.live.borrow().as_ref().map(|c| c.pid)
     }
 
     pub fn shutdown(&self) {
@@ -190,7 +180,12 @@ fn spawn_child(role: Role, spec: &SpawnSpec) -> std::io::Result<(tokio::process:
             // close.) Old kernels without close_range fall back to the
             // CLOEXEC discipline of std and tokio.
             const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-            let _ = libc::syscall(libc::SYS_close_range, (WORKER_IPC_FD + 1) as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
+            let _ = libc::syscall(
+                libc::SYS_close_range,
+                (WORKER_IPC_FD + 1) as libc::c_uint,
+                libc::c_uint::MAX,
+                CLOSE_RANGE_CLOEXEC,
+            );
             Ok(())
         });
     }
@@ -199,11 +194,7 @@ fn spawn_child(role: Role, spec: &SpawnSpec) -> std::io::Result<(tokio::process:
     Ok((child_proc, parent))
 }
 
-async fn handshake(
-    stream: &mut UnixStream,
-    role: Role,
-    config: &WorkerConfig,
-) -> Result<u32, String> {
+async fn handshake(stream: &mut UnixStream, role: Role, config: &WorkerConfig) -> Result<u32, String> {
     write_frame(stream, &ToWorker::Hello(Hello { build: BUILD_ID.to_owned(), role }))
         .await
         .map_err(|e| e.to_string())?;
@@ -276,7 +267,7 @@ async fn run_once(
     tracing::debug!(worker = name, pid, "worker ready");
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
-    let conn = Arc::new(Conn { tx, pending: Mutex::new(HashMap::new()), pid });
+    let conn = Arc::new(Conn { tx, pending: Mutex::new(HashMap::new()) });
     live.send_replace(Some(conn.clone()));
 
     let writer = tokio::spawn(async move {
@@ -297,10 +288,10 @@ async fn run_once(
                     }
                 }
                 Ok(FromWorker::Progress { id, progress }) => {
-                    if let Ok(p) = reader_conn.pending.lock() {
-                        if let Some(tx) = p.get(&id).and_then(|p| p.progress.as_ref()) {
-                            let _ = tx.send(progress);
-                        }
+                    if let Ok(p) = reader_conn.pending.lock()
+                        && let Some(tx) = p.get(&id).and_then(|p| p.progress.as_ref())
+                    {
+                        let _ = tx.send(progress);
                     }
                 }
                 Ok(other) => {
@@ -330,13 +321,14 @@ async fn run_once(
     };
     live.send_replace(None);
     writer.abort();
-    let drained: Vec<Pending> = conn
-        .pending
-        .lock()
-        .map(|mut p| p.drain().map(|(_, v)| v).collect())
-        .unwrap_or_default();
+    let drained: Vec<Pending> =
+        conn.pending.lock().map(|mut p| p.drain().map(|(_, v)| v).collect()).unwrap_or_default();
     if !drained.is_empty() {
-        tracing::warn!(worker = name, calls = drained.len(), "failing calls that were in flight when the worker stopped");
+        tracing::warn!(
+            worker = name,
+            calls = drained.len(),
+            "failing calls that were in flight when the worker stopped"
+        );
     }
     for p in drained {
         let _ = p.reply.send(Err(CallError::WorkerDied(name)));

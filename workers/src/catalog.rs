@@ -5,9 +5,7 @@
 
 use snowluma_catalog::Catalog;
 use snowluma_catalog::tools::{self, DocError};
-use snowluma_proto::{
-    Diagnostics, FailureKind, Reply, Request, ResourceReply, ToolReply, WorkerConfig, WorkerError,
-};
+use snowluma_proto::{Diagnostics, FailureKind, Reply, Request, ResourceReply, ToolReply, WorkerConfig, WorkerError};
 
 use crate::serve::{Ctx, RoleHandler};
 
@@ -52,7 +50,12 @@ impl RoleHandler for CatalogWorker {
             Request::CatalogTool { tool, args } => {
                 let args = match args.parse() {
                     Ok(v) => v,
-                    Err(e) => return Reply::Tool(ToolReply::fail(FailureKind::InvalidArguments, format!("arguments are not JSON: {e}"))),
+                    Err(e) => {
+                        return Reply::Tool(ToolReply::fail(
+                            FailureKind::InvalidArguments,
+                            format!("arguments are not JSON: {e}"),
+                        ));
+                    }
                 };
                 Reply::Tool(match tools::call(self.catalog, &tool, &args) {
                     Ok(v) => ToolReply::ok(&v),

@@ -15,7 +15,6 @@ pub enum ConfineError {
 pub fn confine_self(_role: Role) -> Result<(), ConfineError> {
     nix::sys::prctl::set_no_new_privs()
         .map_err(|source| ConfineError::Prctl { what: "PR_SET_NO_NEW_PRIVS", source })?;
-    nix::sys::prctl::set_dumpable(false)
-        .map_err(|source| ConfineError::Prctl { what: "PR_SET_DUMPABLE", source })?;
+    nix::sys::prctl::set_dumpable(false).map_err(|source| ConfineError::Prctl { what: "PR_SET_DUMPABLE", source })?;
     Ok(())
 }

@@ -1,19 +1,515 @@
-//! The network executor: the only process that talks to SnowLuma.
-//! (Filled in by the executor work.)
+//! The network executor: the only process that opens connections to
+//! SnowLuma and the only one that holds the endpoint and token (received
+//! over IPC after the handshake, never from the environment).
+//!
+//! One `reqwest` client with a keep-alive pool POSTs `{action, params}` to
+//! the endpoint exactly as configured. Every request carries the call's
+//! `traceparent` (and validated `tracestate`) as HTTP headers, never in the
+//! OneBot params. Nothing is retried. Cancellation drops the exchange,
+//! including a body still being read, which closes the connection.
 
-use snowluma_proto::{Reply, Request, WorkerConfig, WorkerError};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use snowluma_proto::{
+    Diagnostics, ExecRequest, FailureKind, JsonText, NetworkConfig, Outcome, Reply, Request, ToolReply, WorkerConfig,
+    WorkerError,
+};
+use tokio::sync::Semaphore;
 
 use crate::serve::{Ctx, RoleHandler};
 
+/// Largest ordinary response body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// Largest single stream frame.
+pub const MAX_FRAME_BYTES: usize = 24 * 1024 * 1024;
+/// Generic streams: frames and summed frame text kept in the result.
+pub const MAX_GENERIC_FRAMES: usize = 256;
+pub const MAX_GENERIC_TEXT: usize = 256 * 1024;
+/// Stream actions active at once.
+pub const MAX_ACTIVE_STREAMS: usize = 4;
+
+const FILE_DOWNLOADS: [&str; 3] = ["download_file_stream", "download_file_image_stream", "download_file_record_stream"];
+
+struct Net {
+    client: reqwest::Client,
+    endpoint: reqwest::Url,
+    token: Option<String>,
+    timeout: Duration,
+    streams: Arc<Semaphore>,
+}
+
 #[derive(Default)]
-pub struct NetworkWorker {}
+pub struct NetworkWorker {
+    net: OnceLock<Net>,
+}
+
+fn tls_config() -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+fn build(cfg: NetworkConfig) -> Result<Net, String> {
+    let endpoint = reqwest::Url::parse(&cfg.endpoint).map_err(|_| "the endpoint is not a valid URL".to_owned())?;
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(tls_config()?)
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(16)
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_millis(cfg.timeout_ms))
+        .build()
+        .map_err(|e| format!("HTTP client setup: {}", e.without_url()))?;
+    Ok(Net {
+        client,
+        endpoint,
+        token: cfg.token,
+        timeout: Duration::from_millis(cfg.timeout_ms),
+        streams: Arc::new(Semaphore::new(MAX_ACTIVE_STREAMS)),
+    })
+}
 
 impl RoleHandler for NetworkWorker {
-    fn configure(&self, _config: WorkerConfig) -> Result<(), String> {
-        Ok(())
+    fn configure(&self, config: WorkerConfig) -> Result<(), String> {
+        match config {
+            WorkerConfig::Network(cfg) => {
+                let net = build(cfg)?;
+                self.net.set(net).map_err(|_| "already configured".to_owned())
+            }
+            _ => Err("network executor needs a network configuration".into()),
+        }
     }
 
-    async fn handle(&self, _request: Request, _ctx: Ctx) -> Reply {
-        Reply::Error(WorkerError::Unsupported)
+    async fn handle(&self, request: Request, ctx: Ctx) -> Reply {
+        let Some(net) = self.net.get() else {
+            return Reply::Error(WorkerError::Internal("not configured".into()));
+        };
+        match request {
+            Request::Execute(req) => Reply::Tool(execute(net, req, &ctx).await),
+            _ => Reply::Error(WorkerError::Unsupported),
+        }
+    }
+}
+
+/// How a failed exchange is reported: a read that failed simply failed; a
+/// write whose request may have reached SnowLuma has an unknown outcome.
+fn transport_failure(kind: FailureKind, msg: String, write: bool, maybe_sent: bool) -> ToolReply {
+    let d = if write && maybe_sent {
+        Diagnostics::unknown(kind, msg).with_next_step(
+            "The request may have reached SnowLuma: check whether the action took effect before sending it again.",
+        )
+    } else {
+        Diagnostics::failed(kind, msg).with_next_step(match kind {
+            FailureKind::Timeout => {
+                "Check that SnowLuma is running and responsive; raise SNOWLUMA_MCP_TIMEOUT_MS if it is slow."
+            }
+            _ => "Check that SnowLuma is running and that SNOWLUMA_MCP_ENDPOINT points at its HTTP server.",
+        })
+    };
+    ToolReply::error(d)
+}
+
+fn reqwest_failure(e: &reqwest::Error, write: bool, stage: &str) -> ToolReply {
+    let detail = format!("{stage}: {}", strip_url(e));
+    if e.is_timeout() {
+        transport_failure(FailureKind::Timeout, format!("SnowLuma did not answer in time ({detail})"), write, true)
+    } else if e.is_connect() {
+        transport_failure(FailureKind::Transport, format!("cannot connect to SnowLuma ({detail})"), write, false)
+    } else {
+        transport_failure(FailureKind::Transport, format!("connection to SnowLuma failed ({detail})"), write, true)
+    }
+}
+
+fn strip_url(e: &reqwest::Error) -> String {
+    // reqwest's Display names the URL; the endpoint is not for the client.
+    let mut s = String::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut first = true;
+    while let Some(err) = cur {
+        let text = if first {
+            let mut t = err.to_string();
+            if let Some(i) = t.find(" for url (") {
+                t.truncate(i);
+            }
+            t
+        } else {
+            err.to_string()
+        };
+        if !s.contains(&text) {
+            if !s.is_empty() {
+                s.push_str(": ");
+            }
+            s.push_str(&text);
+        }
+        first = false;
+        cur = err.source();
+    }
+    s
+}
+
+/// Classify a OneBot envelope.
+pub fn classify(env: &Value) -> Diagnostics {
+    let status = env.get("status").and_then(Value::as_str);
+    let retcode = env.get("retcode").and_then(Value::as_i64);
+    let wording = ["wording", "message", "msg"]
+        .iter()
+        .filter_map(|k| env.get(*k).and_then(Value::as_str))
+        .find(|s| !s.is_empty())
+        .map(str::to_owned);
+    match (status, retcode) {
+        (Some("ok"), Some(0)) => Diagnostics::success(),
+        (Some("async"), _) | (_, Some(1)) => Diagnostics::unknown(
+            FailureKind::AsyncAcknowledged,
+            "SnowLuma accepted the action asynchronously; its outcome is not confirmed",
+        )
+        .with_next_step("Check the action's effect before repeating it."),
+        (Some("failed"), _) | (_, Some(_)) if retcode != Some(0) || status == Some("failed") => {
+            let rc = retcode.map(|r| r.to_string()).unwrap_or_else(|| "none".into());
+            let msg = match &wording {
+                Some(w) => format!("SnowLuma reported a failure (retcode {rc}): {w}"),
+                None => format!("SnowLuma reported a failure (retcode {rc})"),
+            };
+            let next = match retcode {
+                Some(1400) => "Check the params against get_action's inputSchema.",
+                Some(1401) | Some(1403) => "SNOWLUMA_MCP_TOKEN must match SnowLuma's access token.",
+                Some(1404) => "The connected SnowLuma does not offer this action; the catalog is a bundled snapshot.",
+                Some(1413) => "The request body is too large; send big files with upload_file_stream.",
+                _ => "Read the wording; fix the cause before trying again.",
+            };
+            Diagnostics::failed(FailureKind::BusinessFailure, msg).with_next_step(next)
+        }
+        _ => {
+            Diagnostics::unknown(FailureKind::Unconfirmed, "the response does not confirm success (no status/retcode)")
+                .with_next_step("Check the action's effect before repeating it.")
+        }
+    }
+}
+
+fn request(net: &Net, req: &ExecRequest, params: Value) -> reqwest::RequestBuilder {
+    let body = json!({"action": req.action, "params": params});
+    let mut rb = net
+        .client
+        .post(net.endpoint.clone())
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header(reqwest::header::ACCEPT, "application/json")
+        .header("traceparent", req.trace.traceparent.as_str())
+        .body(body.to_string());
+    if let Some(ts) = &req.trace.tracestate {
+        rb = rb.header("tracestate", ts.as_str());
+    }
+    if let Some(t) = &net.token {
+        rb = rb.bearer_auth(t);
+    }
+    rb
+}
+
+async fn execute(net: &Net, req: ExecRequest, ctx: &Ctx) -> ToolReply {
+    let params = match req.params.parse() {
+        Ok(v @ Value::Object(_)) => v,
+        _ => return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object"),
+    };
+    if req.stream {
+        if FILE_DOWNLOADS.contains(&req.action.as_str()) {
+            return ToolReply::error(
+                Diagnostics::failed(
+                    FailureKind::NotConfigured,
+                    "file downloads need the file-transfer worker, which this build does not include",
+                )
+                .with_next_step(
+                    "Use test_download_stream or ordinary actions; file downloads arrive with the file-transfer work.",
+                ),
+            );
+        }
+        let Ok(_permit) = net.streams.clone().try_acquire_owned() else {
+            return ToolReply::fail(
+                FailureKind::Execution,
+                format!("active stream limit reached ({MAX_ACTIVE_STREAMS}); wait for one to finish"),
+            );
+        };
+        return tokio::select! {
+            r = generic_stream(net, &req, params) => r,
+            _ = ctx.cancel.cancelled() => cancelled(req.write),
+        };
+    }
+    let exchange = async {
+        let resp = request(net, &req, params)
+            .timeout(net.timeout)
+            .send()
+            .await
+            .map_err(|e| reqwest_failure(&e, req.write, "request"))?;
+        let status = resp.status().as_u16();
+        let body = read_capped(resp, MAX_BODY_BYTES).await.map_err(|e| match e {
+            BodyError::Http(e) => reqwest_failure(&e, req.write, "reading the response"),
+            BodyError::TooLarge => transport_failure(
+                FailureKind::InvalidResponse,
+                format!("SnowLuma's response exceeds {MAX_BODY_BYTES} bytes"),
+                req.write,
+                true,
+            ),
+        })?;
+        Ok::<_, ToolReply>((status, body))
+    };
+    let (status, body) = tokio::select! {
+        r = exchange => match r {
+            Ok(x) => x,
+            Err(reply) => return reply,
+        },
+        _ = ctx.cancel.cancelled() => return cancelled(req.write),
+    };
+    let envelope: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(_) => {
+            return transport_failure(
+                FailureKind::InvalidResponse,
+                format!("SnowLuma returned non-JSON (HTTP {status})"),
+                req.write,
+                true,
+            );
+        }
+    };
+    if !envelope.is_object() {
+        return transport_failure(
+            FailureKind::InvalidResponse,
+            format!("SnowLuma returned an unexpected response (HTTP {status})"),
+            req.write,
+            true,
+        );
+    }
+    let diag = classify(&envelope);
+    ToolReply {
+        result: Some(JsonText(String::from_utf8_lossy(&body).into_owned())),
+        diagnostics: diag,
+        is_error: false,
+    }
+}
+
+fn cancelled(write: bool) -> ToolReply {
+    let d = Diagnostics {
+        outcome: if write { Outcome::Unknown } else { Outcome::Failed },
+        kind: Some(FailureKind::Cancelled),
+        message: Some(if write {
+            "cancelled; the action may already have reached SnowLuma, so its outcome is unknown".into()
+        } else {
+            "cancelled".into()
+        }),
+        next_step: None,
+    };
+    ToolReply::error(d)
+}
+
+enum BodyError {
+    Http(reqwest::Error),
+    TooLarge,
+}
+
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, BodyError> {
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(BodyError::Http)? {
+        if out.len() + chunk.len() > cap {
+            return Err(BodyError::TooLarge);
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// Splits a byte stream into `\r\n\r\n`-terminated frames.
+#[derive(Default)]
+pub struct FrameSplitter {
+    buf: Vec<u8>,
+}
+
+impl FrameSplitter {
+    /// Feed bytes; returns complete frames, or an error when one exceeds `max`.
+    pub fn push(&mut self, bytes: &[u8], max: usize) -> Result<Vec<Vec<u8>>, String> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut start = 0;
+        let mut search_from = 0;
+        while let Some(pos) = find(&self.buf[search_from..], b"\r\n\r\n").map(|p| p + search_from) {
+            let frame = &self.buf[start..pos];
+            if !frame.iter().all(u8::is_ascii_whitespace) {
+                out.push(frame.to_vec());
+            }
+            start = pos + 4;
+            search_from = start;
+        }
+        self.buf.drain(..start);
+        if self.buf.len() > max {
+            return Err(format!("a stream frame exceeds {max} bytes"));
+        }
+        Ok(out)
+    }
+
+    /// Whatever is left at the end of the body (a final frame without separator).
+    pub fn finish(self) -> Option<Vec<u8>> {
+        if self.buf.iter().all(u8::is_ascii_whitespace) { None } else { Some(self.buf) }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn frame_failure(frame: &Value) -> Option<String> {
+    let status = frame.get("status").and_then(Value::as_str);
+    let retcode = frame.get("retcode").and_then(Value::as_i64);
+    let is_error = frame.pointer("/data/type").and_then(Value::as_str) == Some("error");
+    if status == Some("ok") && retcode == Some(0) && !is_error {
+        return None;
+    }
+    let why = ["wording", "message"]
+        .iter()
+        .filter_map(|k| frame.get(*k).and_then(Value::as_str))
+        .find(|s| !s.is_empty())
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("retcode {}", retcode.map(|r| r.to_string()).unwrap_or_else(|| "none".into())));
+    Some(why)
+}
+
+async fn generic_stream(net: &Net, req: &ExecRequest, params: Value) -> ToolReply {
+    let send = tokio::time::timeout(net.timeout, request(net, req, params.clone()).send()).await;
+    let mut resp = match send {
+        Err(_) => {
+            return transport_failure(
+                FailureKind::Timeout,
+                "SnowLuma did not start the stream in time".into(),
+                req.write,
+                true,
+            );
+        }
+        Ok(Err(e)) => return reqwest_failure(&e, req.write, "stream request"),
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    if !status.is_success() {
+        return transport_failure(
+            FailureKind::InvalidResponse,
+            format!("SnowLuma answered the stream with HTTP {}", status.as_u16()),
+            req.write,
+            true,
+        );
+    }
+    let upload = req.action == "upload_file_stream";
+    let is_reset = upload && params.get("reset").and_then(Value::as_bool) == Some(true);
+    let mut splitter = FrameSplitter::default();
+    let mut frames: Vec<Value> = Vec::new();
+    let mut terminal: Option<Value> = None;
+    let mut text_total = 0usize;
+    let mut handle = |raw: Vec<u8>, frames: &mut Vec<Value>, terminal: &mut Option<Value>| -> Result<(), ToolReply> {
+        let invalid = |m: String| transport_failure(FailureKind::InvalidResponse, m, req.write, true);
+        if terminal.is_some() {
+            return Err(invalid("SnowLuma sent a frame after the terminal frame".into()));
+        }
+        text_total += raw.len();
+        if text_total > MAX_GENERIC_TEXT {
+            return Err(invalid(format!("the stream's frames exceed {MAX_GENERIC_TEXT} bytes of text")));
+        }
+        let frame: Value = serde_json::from_slice(&raw)
+            .map_err(|_| invalid("SnowLuma sent a stream frame that is not JSON".into()))?;
+        if !frame.is_object() {
+            return Err(invalid("SnowLuma sent a stream frame that is not an object".into()));
+        }
+        if let Some(why) = frame_failure(&frame) {
+            if is_reset && why.contains("Stream reset completed") {
+                *terminal = Some(frame);
+                return Ok(());
+            }
+            return Err(ToolReply::error(
+                Diagnostics::failed(FailureKind::BusinessFailure, format!("stream ended with an error: {why}"))
+                    .with_next_step("Read the error; fix the cause before starting the stream again."),
+            ));
+        }
+        if frame.pointer("/data/type").and_then(Value::as_str) == Some("response") {
+            *terminal = Some(frame);
+        } else {
+            if frames.len() >= MAX_GENERIC_FRAMES {
+                return Err(invalid(format!("the stream sent more than {MAX_GENERIC_FRAMES} frames")));
+            }
+            frames.push(frame);
+        }
+        Ok(())
+    };
+    loop {
+        let chunk = match tokio::time::timeout(net.timeout, resp.chunk()).await {
+            Err(_) => {
+                return transport_failure(
+                    FailureKind::Timeout,
+                    "the stream was idle for too long".into(),
+                    req.write,
+                    true,
+                );
+            }
+            Ok(Err(e)) => return reqwest_failure(&e, req.write, "reading the stream"),
+            Ok(Ok(None)) => break,
+            Ok(Ok(Some(c))) => c,
+        };
+        let ready = match splitter.push(&chunk, MAX_FRAME_BYTES) {
+            Ok(f) => f,
+            Err(m) => return transport_failure(FailureKind::InvalidResponse, m, req.write, true),
+        };
+        for raw in ready {
+            if let Err(reply) = handle(raw, &mut frames, &mut terminal) {
+                return reply;
+            }
+        }
+    }
+    if let Some(rest) = splitter.finish()
+        && let Err(reply) = handle(rest, &mut frames, &mut terminal)
+    {
+        return reply;
+    }
+    // A single upload acknowledgement (one frame, type "stream") is complete.
+    if terminal.is_none() && upload && frames.len() == 1 {
+        terminal = frames.pop();
+    }
+    let Some(terminal) = terminal else {
+        return transport_failure(
+            FailureKind::InvalidResponse,
+            "the stream ended without a terminal frame".into(),
+            req.write,
+            true,
+        );
+    };
+    let result = json!({"frame_count": frames.len() + 1, "frames": frames, "terminal": terminal});
+    let diag = if is_reset { Diagnostics::success() } else { classify(&terminal) };
+    ToolReply::with_diagnostics(&result, diag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_frames_at_any_boundary() {
+        let body = b"{\"a\":1}\r\n\r\n{\"b\":2}\r\n\r\n{\"c\":3}\r\n\r\n";
+        for cut in 1..body.len() {
+            let mut s = FrameSplitter::default();
+            let mut got = s.push(&body[..cut], 100).unwrap();
+            got.extend(s.push(&body[cut..], 100).unwrap());
+            assert!(s.finish().is_none());
+            assert_eq!(got.len(), 3, "cut {cut}");
+        }
+        let mut s = FrameSplitter::default();
+        assert!(s.push(&[b'x'; 200], 100).is_err());
+    }
+
+    #[test]
+    fn classifies_envelopes() {
+        assert_eq!(classify(&json!({"status":"ok","retcode":0,"data":null})).outcome, Outcome::Success);
+        let d = classify(&json!({"status":"failed","retcode":1400,"data":null,"wording":"group_id: is required"}));
+        assert_eq!((d.outcome, d.kind), (Outcome::Failed, Some(FailureKind::BusinessFailure)));
+        assert!(d.message.unwrap().contains("group_id"));
+        assert_eq!(classify(&json!({"status":"async","retcode":1})).outcome, Outcome::Unknown);
+        assert_eq!(classify(&json!({"data":{}})).outcome, Outcome::Unknown);
+        assert_eq!(classify(&json!({"status":"ok","retcode":100})).outcome, Outcome::Failed);
     }
 }

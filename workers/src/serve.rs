@@ -8,8 +8,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use snowluma_proto::{
-    BUILD_ID, FrameError, FromWorker, Progress, Reply, Request, Role, ToWorker, WorkerConfig,
-    read_frame, write_frame,
+    BUILD_ID, FrameError, FromWorker, Progress, Reply, Request, Role, ToWorker, WorkerConfig, read_frame, write_frame,
 };
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -60,8 +59,7 @@ pub async fn serve<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Resul
     // Handshake.
     match read_frame::<_, ToWorker>(&mut rd).await? {
         ToWorker::Hello(h) if h.build == BUILD_ID && h.role == role => {
-            write_frame(&mut wr, &FromWorker::Ready { build: BUILD_ID.to_owned(), pid: std::process::id() })
-                .await?;
+            write_frame(&mut wr, &FromWorker::Ready { build: BUILD_ID.to_owned(), pid: std::process::id() }).await?;
         }
         ToWorker::Hello(h) => {
             let reason = format!(
@@ -117,10 +115,10 @@ pub async fn serve<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Resul
                 });
             }
             ToWorker::Cancel { id } => {
-                if let Ok(map) = inflight.lock() {
-                    if let Some(t) = map.get(&id) {
-                        t.cancel();
-                    }
+                if let Ok(map) = inflight.lock()
+                    && let Some(t) = map.get(&id)
+                {
+                    t.cancel();
                 }
             }
             ToWorker::Hello(_) => break Err(ServeError::Handshake("second Hello".into())),

@@ -1,0 +1,228 @@
+//! The accept loop and the per-connection request cycle:
+//! read → record → authorize → route → apply the action's fault → answer.
+
+use std::io;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Duration, Instant};
+
+use crate::actions::{self, Frames, Parsed, Reply, failed, ok, with_echo};
+use crate::http::{Conn, Head, ReadError};
+use crate::stream::FRAME_END;
+use crate::{Fault, RecordedRequest, Shared};
+
+/// What to do with the connection after a request.
+enum After {
+    KeepAlive,
+    /// Close politely (our response is complete).
+    Close,
+    /// Just drop the socket (peer gone, or a fault wants an abrupt end).
+    Drop,
+}
+
+pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _peer)) => {
+                tokio::spawn(serve_connection(shared.clone(), stream));
+            }
+            // E.g. out of file descriptors: back off briefly instead of spinning.
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
+    let mut conn = Conn::new(stream);
+    loop {
+        match serve_request(&shared, &mut conn).await {
+            After::KeepAlive => {}
+            After::Close => return conn.close_gracefully().await,
+            After::Drop => return,
+        }
+    }
+}
+
+fn json_bytes(value: &Value) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+const JSON: Option<&str> = Some("application/json; charset=utf-8");
+
+async fn write_json(conn: &mut Conn, status: u16, body: &Value, keep_alive: bool) -> After {
+    write_bytes(conn, status, &json_bytes(body), keep_alive, None).await
+}
+
+async fn write_bytes(conn: &mut Conn, status: u16, body: &[u8], keep_alive: bool, split: Option<usize>) -> After {
+    match conn.write_response(status, JSON, body, keep_alive, split).await {
+        Ok(()) if keep_alive => After::KeepAlive,
+        Ok(()) => After::Close,
+        Err(_) => After::Drop,
+    }
+}
+
+fn record(shared: &Shared, head: &Head, body: &[u8], action: Option<String>) {
+    shared.lock().requests.push(RecordedRequest {
+        method: head.method.clone(),
+        path: head.path.clone(),
+        query: head.query.clone(),
+        headers: head.headers.clone(),
+        body: body.to_vec(),
+        action,
+    });
+}
+
+async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
+    let head = match conn.read_head().await {
+        Ok(head) => head,
+        Err(ReadError::Gone) => return After::Drop,
+        Err(ReadError::Malformed(why)) => {
+            return write_json(conn, 400, &failed(1400, &format!("bad request: {why}")), false).await;
+        }
+        Err(ReadError::TooLarge) => {
+            return write_json(conn, 400, &failed(1400, "bad request: request head too large"), false).await;
+        }
+    };
+    let body = match conn.read_body(&head).await {
+        Ok(body) => body,
+        Err(ReadError::Gone) => return After::Drop,
+        Err(ReadError::TooLarge) => {
+            // SnowLuma ≥ PR #464: 413 with retcode 1413 instead of dropping the socket.
+            record(shared, &head, &[], None);
+            return write_json(conn, 413, &failed(1413, "request entity too large"), false).await;
+        }
+        Err(ReadError::Malformed(why)) => {
+            record(shared, &head, &[], None);
+            return write_json(conn, 400, &failed(1400, &format!("bad request: {why}")), false).await;
+        }
+    };
+    let keep_alive = head.keep_alive();
+    let parsed = actions::parse_call(&head, &body);
+    let action = match &parsed {
+        Parsed::Call(call) => Some(call.action.clone()),
+        _ => None,
+    };
+    record(shared, &head, &body, action);
+
+    if !actions::authorized(shared.token.as_deref(), &head) {
+        return write_json(conn, 401, &failed(1401, "unauthorized"), keep_alive).await;
+    }
+    let call = match parsed {
+        Parsed::Health => {
+            return write_json(conn, 200, &ok(serde_json::json!({"online": true})), keep_alive).await;
+        }
+        Parsed::Reject { status, envelope } => return write_json(conn, status, &envelope, keep_alive).await,
+        Parsed::Call(call) => call,
+    };
+
+    let fault = shared.lock().faults.get(&call.action).cloned();
+    let mut split = None;
+    match fault {
+        None => {}
+        Some(Fault::Delay(delay)) => {
+            // Answer normally once the delay is over, unless the client gives up first.
+            let deadline = Instant::now() + delay;
+            if conn.wait_for_close(Some(deadline)).await {
+                shared.record_closed(&call.action);
+                return After::Drop;
+            }
+        }
+        Some(Fault::Hang) => {
+            // Never answer; only the client hanging up ends this.
+            conn.wait_for_close(None).await;
+            shared.record_closed(&call.action);
+            return After::Drop;
+        }
+        Some(Fault::MalformedJson) => return write_bytes(conn, 200, b"{\"status\":", keep_alive, None).await,
+        Some(Fault::Http500) => {
+            let envelope = with_echo(failed(1200, "internal server error"), call.echo.as_ref());
+            return write_json(conn, 500, &envelope, keep_alive).await;
+        }
+        Some(Fault::OversizeBody(size)) => {
+            let envelope = with_echo(ok(Value::String("x".repeat(size))), call.echo.as_ref());
+            return write_json(conn, 200, &envelope, keep_alive).await;
+        }
+        Some(Fault::NonObject) => return write_bytes(conn, 200, b"[1,2]", keep_alive, None).await,
+        Some(Fault::DisconnectMidBody) => {
+            let reply = actions::dispatch(&mut shared.lock(), call);
+            disconnect_mid_body(conn, reply).await;
+            return After::Drop;
+        }
+        Some(Fault::StreamSplit(piece)) => split = Some(piece.max(1)),
+    }
+
+    let action = call.action.clone();
+    let reply = actions::dispatch(&mut shared.lock(), call);
+    match reply {
+        Reply::Json { status, body } => write_bytes(conn, status, &json_bytes(&body), keep_alive, split).await,
+        Reply::Stream(frames) => match write_stream(conn, frames, keep_alive, split).await {
+            Ok(()) if keep_alive => After::KeepAlive,
+            Ok(()) => After::Close,
+            Err(_) => {
+                // The client went away while the stream was still being sent.
+                shared.record_closed(&action);
+                After::Drop
+            }
+        },
+    }
+}
+
+/// Writes a Stream body: one HTTP chunk per frame, or with `split` pieces of
+/// exactly that many bytes regardless of frame boundaries.
+async fn write_stream(conn: &mut Conn, frames: Frames, keep_alive: bool, split: Option<usize>) -> io::Result<()> {
+    conn.start_chunked(keep_alive).await?;
+    let mut pending: Vec<u8> = Vec::new();
+    for frame in frames {
+        let mut bytes = json_bytes(&frame);
+        bytes.extend_from_slice(FRAME_END);
+        let Some(piece) = split else {
+            conn.write_chunk(&bytes).await?;
+            continue;
+        };
+        let mut rest: &[u8] = &bytes;
+        if !pending.is_empty() {
+            let take = (piece - pending.len()).min(rest.len());
+            pending.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if pending.len() < piece {
+                continue;
+            }
+            conn.write_chunk(&pending).await?;
+            pending.clear();
+            tokio::task::yield_now().await;
+        }
+        for part in rest.chunks(piece) {
+            if part.len() < piece {
+                pending.extend_from_slice(part);
+            } else {
+                conn.write_chunk(part).await?;
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    conn.write_chunk(&pending).await?;
+    conn.finish_chunked().await
+}
+
+/// Sends the response head and about half of the body, then closes.
+async fn disconnect_mid_body(conn: &mut Conn, reply: Reply) {
+    match reply {
+        Reply::Json { status, body } => {
+            let bytes = json_bytes(&body);
+            let _ = conn.write_truncated(status, JSON, &bytes, bytes.len() / 2).await;
+        }
+        Reply::Stream(frames) => {
+            // Chunked: a well-formed chunk holding half the frames' bytes, no final chunk.
+            let mut bytes = Vec::new();
+            for frame in frames {
+                bytes.extend_from_slice(&json_bytes(&frame));
+                bytes.extend_from_slice(FRAME_END);
+            }
+            if conn.start_chunked(true).await.is_ok() {
+                let _ = conn.write_chunk(&bytes[..bytes.len() / 2]).await;
+            }
+        }
+    }
+}
