@@ -82,8 +82,16 @@ impl LineTransport {
         }
     }
 
+    /// stdin/stdout. When they are pipes (the usual case for MCP clients)
+    /// or sockets (systemd `Accept=yes`), they are driven by the reactor
+    /// directly; tokio's `stdin()`/`stdout()` hand every read and write to a
+    /// blocking thread, which costs a thread handoff per message.
     pub fn stdio(server_info: Value) -> LineTransport {
-        LineTransport::new(Box::new(tokio::io::stdin()), Box::new(tokio::io::stdout()), server_info)
+        let input: Box<dyn AsyncRead + Send + Sync + Unpin> =
+            reactor_stdio(0).map(|s| s.reader).unwrap_or_else(|| Box::new(tokio::io::stdin()));
+        let output: Box<dyn AsyncWrite + Send + Sync + Unpin> =
+            reactor_stdio(1).map(|s| s.writer).unwrap_or_else(|| Box::new(tokio::io::stdout()));
+        LineTransport::new(input, output, server_info)
     }
 
     /// Cancel-safe: the only await is `fill_buf`, and bytes are moved into
@@ -140,6 +148,40 @@ impl LineTransport {
                 tracing::warn!(error = %e, "cannot write an error response");
             }
         });
+    }
+}
+
+struct ReactorIo {
+    reader: Box<dyn AsyncRead + Send + Sync + Unpin>,
+    writer: Box<dyn AsyncWrite + Send + Sync + Unpin>,
+}
+
+/// A reactor-driven handle on a duplicate of descriptor `fd` (0 or 1), if
+/// it is a FIFO or a socket.
+fn reactor_stdio(fd: i32) -> Option<ReactorIo> {
+    use std::os::fd::{AsFd, BorrowedFd};
+    use std::os::unix::fs::FileTypeExt;
+    // SAFETY: descriptors 0 and 1 stay open for the life of the process
+    // (nothing in this program closes them); the borrow only lives for dup.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let owned = borrowed.as_fd().try_clone_to_owned().ok()?;
+    let file = std::fs::File::from(owned);
+    let ft = file.metadata().ok()?.file_type();
+    if ft.is_fifo() {
+        if fd == 0 {
+            let r = tokio::net::unix::pipe::Receiver::from_file(file).ok()?;
+            Some(ReactorIo { reader: Box::new(r), writer: Box::new(tokio::io::sink()) })
+        } else {
+            let w = tokio::net::unix::pipe::Sender::from_file(file).ok()?;
+            Some(ReactorIo { reader: Box::new(tokio::io::empty()), writer: Box::new(w) })
+        }
+    } else if ft.is_socket() {
+        let std_stream = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(file));
+        std_stream.set_nonblocking(true).ok()?;
+        let (r, w) = tokio::net::UnixStream::from_std(std_stream).ok()?.into_split();
+        Some(ReactorIo { reader: Box::new(r), writer: Box::new(w) })
+    } else {
+        None
     }
 }
 

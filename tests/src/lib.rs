@@ -23,7 +23,10 @@ pub fn bin_path() -> PathBuf {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let mut dir = exe.parent().expect("exe dir");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().expect("target dir");
+    }
     let bin = dir.join("snowluma-mcp");
     assert!(bin.exists(), "{} not built: run `cargo build --workspace --bins` first", bin.display());
     bin
