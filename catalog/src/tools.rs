@@ -75,12 +75,12 @@ pub fn call(catalog: &Catalog, tool: &str, args: &Value) -> Result<Value, DocErr
     match tool {
         "list_actions" => {
             let f: Filters = parse("list_actions", args)?;
-            let items = filtered(catalog, "list_actions", f.category.as_deref(), f.read_only, f.stream)?;
+            let items = filtered(catalog, f.category.as_deref(), f.read_only, f.stream)?;
             page("list_actions", items.into_iter().map(|(_, a)| a.compact()).collect(), f.limit, f.offset)
         }
         "search_actions" => {
             let s: SearchArgs = parse("search_actions", args)?;
-            let items = filtered(catalog, "search_actions", s.category.as_deref(), s.read_only, s.stream)?;
+            let items = filtered(catalog, s.category.as_deref(), s.read_only, s.stream)?;
             let hits: Vec<Value> = match s.mode {
                 MatchMode::Substring => items
                     .into_iter()
@@ -112,7 +112,6 @@ pub fn call(catalog: &Catalog, tool: &str, args: &Value) -> Result<Value, DocErr
 
 fn filtered<'c>(
     catalog: &'c Catalog,
-    tool: &'static str,
     category: Option<&str>,
     read_only: Option<bool>,
     stream: Option<bool>,
@@ -123,7 +122,6 @@ fn filtered<'c>(
         let known = catalog.categories.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ");
         return Err(DocError::UnknownCategory { given: c.to_owned(), known });
     }
-    let _ = tool;
     Ok(catalog
         .actions
         .iter()

@@ -13,10 +13,12 @@
 //!
 //! Nothing but protocol messages is ever written to stdout.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use rmcp::RoleServer;
+use rmcp::model::JsonRpcMessage;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use serde_json::{Value, json};
@@ -29,6 +31,24 @@ const ID_SCAN_BYTES: usize = 64 * 1024;
 
 pub const SUPPORTED_VERSIONS: [&str; 4] = ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"];
 const MODERN_FROM: &str = "2026-07-28";
+
+/// MCP request methods this server knows; a request for one of them that
+/// rmcp could not type is a params error, not an unknown method.
+const KNOWN_METHODS: [&str; 13] = [
+    "initialize",
+    "ping",
+    "server/discover",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "subscriptions/listen",
+    "prompts/list",
+    "completion/complete",
+];
 
 #[derive(Default)]
 struct State {
@@ -207,21 +227,56 @@ fn recover_id(prefix: &[u8]) -> Value {
     num.parse::<i64>().map(|n| json!(n)).unwrap_or(Value::Null)
 }
 
-fn meta_version(v: &Value) -> Option<&str> {
-    v.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").and_then(Value::as_str)
+/// The few envelope fields the transport itself needs.
+#[derive(serde::Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<Cow<'a, str>>,
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(borrow, default)]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    params: Option<PeekParams<'a>>,
 }
 
-fn starts_lifecycle(v: &Value) -> bool {
-    let method = v.get("method").and_then(Value::as_str).unwrap_or("");
-    match method {
-        "initialize" => true,
-        "ping" | "server/discover" => false,
-        _ => {
-            let caps = v.pointer("/params/_meta/io.modelcontextprotocol~1clientCapabilities");
-            matches!(meta_version(v), Some(ver) if SUPPORTED_VERSIONS.contains(&ver))
-                && caps.is_some_and(Value::is_object)
+#[derive(serde::Deserialize)]
+struct PeekParams<'a> {
+    #[serde(rename = "_meta", borrow, default)]
+    meta: Option<PeekMeta<'a>>,
+    #[serde(rename = "requestId", default)]
+    request_id: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct PeekMeta<'a> {
+    #[serde(rename = "io.modelcontextprotocol/protocolVersion", borrow, default)]
+    version: Option<Cow<'a, str>>,
+    #[serde(rename = "io.modelcontextprotocol/clientCapabilities", default)]
+    capabilities: Option<Value>,
+}
+
+impl Peek<'_> {
+    /// rmcp's rule for choosing the lifecycle: an `initialize`, or any other
+    /// request (not ping or discover) with complete modern `_meta` naming a
+    /// supported version.
+    fn starts_lifecycle(&self) -> bool {
+        match self.method.as_deref() {
+            Some("initialize") => true,
+            Some("ping") | Some("server/discover") | None => false,
+            Some(_) => {
+                let meta = self.params.as_ref().and_then(|p| p.meta.as_ref());
+                meta.is_some_and(|m| {
+                    m.version.as_deref().is_some_and(|v| SUPPORTED_VERSIONS.contains(&v))
+                        && m.capabilities.as_ref().is_some_and(Value::is_object)
+                })
+            }
         }
     }
+}
+
+fn id_key(id: &rmcp::model::RequestId) -> String {
+    serde_json::to_string(id).unwrap_or_default()
 }
 
 impl Transport<RoleServer> for LineTransport {
@@ -235,18 +290,32 @@ impl Transport<RoleServer> for LineTransport {
         let state = self.state.clone();
         let server_info = self.server_info.clone();
         async move {
-            let mut v = serde_json::to_value(&item)?;
-            if let Some(id) = v.get("id").filter(|_| v.get("method").is_none()) {
-                let key = id.to_string();
-                let modern = state.lock().map(|mut s| s.modern.remove(&key)).unwrap_or(false);
-                if modern && let Some(Value::Object(result)) = v.get_mut("result") {
-                    let meta = result.entry("_meta").or_insert_with(|| json!({}));
-                    if let Value::Object(m) = meta {
-                        m.insert("io.modelcontextprotocol/serverInfo".into(), server_info);
-                    }
+            let id = match &item {
+                JsonRpcMessage::Response(r) => Some(id_key(&r.id)),
+                JsonRpcMessage::Error(e) => e.id.as_ref().map(id_key),
+                _ => None,
+            };
+            let modern = match id {
+                Some(key) => state.lock().map(|mut s| s.modern.remove(&key)).unwrap_or(false),
+                None => false,
+            };
+            let mut line = if modern {
+                // Only modern results need rewriting: add serverInfo to `_meta`.
+                let mut v = serde_json::to_value(&item)?;
+                if let Some(Value::Object(result)) = v.get_mut("result")
+                    && let Value::Object(m) = result.entry("_meta").or_insert_with(|| json!({}))
+                {
+                    m.insert("io.modelcontextprotocol/serverInfo".into(), server_info);
                 }
-            }
-            LineTransport::write_value(&out, &v).await
+                serde_json::to_vec(&v)?
+            } else {
+                serde_json::to_vec(&item)?
+            };
+            line.push(b'\n');
+            let mut w = out.lock().await;
+            w.write_all(&line).await?;
+            w.flush().await?;
+            Ok(())
         }
     }
 
@@ -273,65 +342,84 @@ impl Transport<RoleServer> for LineTransport {
             if trimmed.is_empty() {
                 continue;
             }
-            let v: Value = match serde_json::from_slice(trimmed) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.reply_error(Value::Null, -32700, format!("Parse error: {e}"));
+            // A cheap look at the envelope (method, id, `_meta` version) ...
+            let peek: Peek = match trimmed.first() {
+                Some(b'{') => match serde_json::from_slice(trimmed) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        // Valid JSON whose envelope fields have the wrong
+                        // types (e.g. params a string) is a bad request, not a
+                        // parse error.
+                        match serde_json::from_slice::<Value>(trimmed) {
+                            Ok(v) => {
+                                let id = v.get("id").cloned().unwrap_or(Value::Null);
+                                let code = if v.get("method").is_some_and(Value::is_string) { -32602 } else { -32600 };
+                                self.reply_error(id, code, format!("Invalid Request: {e}"));
+                            }
+                            Err(e) => self.reply_error(Value::Null, -32700, format!("Parse error: {e}")),
+                        }
+                        continue;
+                    }
+                },
+                _ => {
+                    let (code, msg) = match serde_json::from_slice::<serde::de::IgnoredAny>(trimmed) {
+                        Ok(_) => (
+                            -32600,
+                            "Invalid Request: expected a JSON-RPC object (batches are not supported)".to_owned(),
+                        ),
+                        Err(e) => (-32700, format!("Parse error: {e}")),
+                    };
+                    self.reply_error(Value::Null, code, msg);
                     continue;
                 }
             };
-            let Some(obj) = v.as_object() else {
-                self.reply_error(
-                    Value::Null,
-                    -32600,
-                    "Invalid Request: expected a JSON-RPC object (batches are not supported)".into(),
-                );
-                continue;
-            };
-            let id = obj.get("id").cloned();
-            let has_method = obj.get("method").is_some_and(Value::is_string);
-            if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-                if has_method && id.is_some() {
-                    self.reply_error(
-                        id.unwrap_or(Value::Null),
-                        -32600,
-                        "Invalid Request: jsonrpc must be \"2.0\"".into(),
-                    );
+            let is_request = peek.method.is_some() && peek.id.is_some();
+            if peek.jsonrpc.as_deref() != Some("2.0") {
+                if let (true, Some(id)) = (is_request, peek.id) {
+                    self.reply_error(id, -32600, "Invalid Request: jsonrpc must be \"2.0\"".into());
                 }
                 continue;
             }
-            let msg: RxJsonRpcMessage<RoleServer> = match serde_json::from_value(v.clone()) {
+            // ... then the typed parse, straight from the bytes.
+            let msg: RxJsonRpcMessage<RoleServer> = match serde_json::from_slice(trimmed) {
                 Ok(m) => m,
                 Err(e) => {
-                    match (has_method, id) {
+                    match (peek.method.is_some(), peek.id) {
                         (true, Some(id)) => self.reply_error(id, -32602, format!("Invalid params: {e}")),
-                        (false, Some(id)) if obj.get("method").is_some() => {
-                            self.reply_error(id, -32600, "Invalid Request: method must be a string".into())
-                        }
                         _ => tracing::debug!("dropping an unusable notification or response"),
                     }
                     continue;
                 }
             };
-            let is_request = has_method && obj.contains_key("id");
+            // rmcp turns a known method with unusable params into a custom
+            // request (answered "method not found"); it is invalid params.
+            if let JsonRpcMessage::Request(r) = &msg
+                && let rmcp::model::ClientRequest::CustomRequest(c) = &r.request
+                && KNOWN_METHODS.contains(&c.method.as_str())
+            {
+                let id = peek.id.clone().unwrap_or(Value::Null);
+                self.reply_error(id, -32602, format!("Invalid params for {}", c.method));
+                continue;
+            }
+            let version = peek.params.as_ref().and_then(|p| p.meta.as_ref()).and_then(|m| m.version.as_deref());
             if let Ok(mut st) = self.state.lock() {
                 if !st.lifecycle_started {
                     if !is_request {
                         tracing::debug!("dropping a notification or response that arrived before the session started");
                         continue;
                     }
-                    if starts_lifecycle(&v) {
+                    if peek.starts_lifecycle() {
                         st.lifecycle_started = true;
                     }
                 }
                 if is_request {
-                    if let (Some(ver), Some(id)) = (meta_version(&v), obj.get("id"))
+                    if let (Some(ver), Some(id)) = (version, &peek.id)
                         && ver >= MODERN_FROM
                     {
                         st.modern.insert(id.to_string());
                     }
-                } else if obj.get("method").and_then(Value::as_str) == Some("notifications/cancelled")
-                    && let Some(rid) = v.pointer("/params/requestId")
+                } else if peek.method.as_deref() == Some("notifications/cancelled")
+                    && let Some(rid) = peek.params.as_ref().and_then(|p| p.request_id.as_ref())
                 {
                     st.modern.remove(&rid.to_string());
                 }

@@ -129,6 +129,7 @@ impl WorkerSlot {
             let mut p = conn.pending.lock().map_err(|_| CallError::Unavailable(self.role.as_str()))?;
             p.insert(id, Pending { reply: tx, progress });
         }
+        tracing::debug!(worker = self.role.as_str(), id, "request dispatched");
         if conn.tx.send(ToWorker::Request { id, request }).is_err() {
             if let Ok(mut p) = conn.pending.lock() {
                 p.remove(&id);

@@ -84,6 +84,21 @@ impl Mcp {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Wait until stderr contains `needle` (the stderr reader runs on its
+    /// own thread, so a line may arrive after the response that follows it).
+    pub fn wait_stderr(&self, needle: &str) -> bool {
+        let deadline = std::time::Instant::now() + SAFETY;
+        loop {
+            if self.stderr_text().contains(needle) {
+                return true;
+            }
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     pub fn send_raw(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");
         stdin.write_all(line.as_bytes()).unwrap();

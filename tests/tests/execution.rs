@@ -198,11 +198,11 @@ fn traceparent_round_trip_and_header_forwarding() {
     assert_eq!(req.header("tracestate"), Some("vendor=abc"));
     assert!(req.header("baggage").is_none(), "baggage is never forwarded");
     assert!(!String::from_utf8_lossy(&req.body).contains("traceparent"), "never in OneBot params");
+    assert!(s.wait_stderr(&tp), "the call's diagnostic line names its traceparent");
     assert!(
         !s.stderr_text().contains("vendor=abc") && !s.stderr_text().contains("alice"),
         "tracestate and baggage are not logged"
     );
-    assert!(s.stderr_text().contains(&tp), "the call's diagnostic line names its traceparent");
 
     // Invalid metadata: a new independent trace, a fixed diagnostic, no rejection.
     let r = s.ok(
@@ -212,7 +212,7 @@ fn traceparent_round_trip_and_header_forwarding() {
     assert!(!is_error(&r));
     let tp2 = r["_meta"]["traceparent"].as_str().unwrap();
     assert_eq!(tp2.len(), 55);
-    assert!(s.stderr_text().contains("invalid traceparent ignored"));
+    assert!(s.wait_stderr("invalid traceparent ignored"));
 
     // Modern era too.
     let r = s.call_modern("query_action", json!({"action": "get_status"}), json!({"traceparent": parent}));

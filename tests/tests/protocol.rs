@@ -135,6 +135,13 @@ fn bad_input_is_answered_and_the_server_keeps_serving() {
     let r = s.wait_for(&json!(4242));
     assert_eq!(r["error"]["code"], -32600, "{}", &r.to_string()[..200.min(r.to_string().len())]);
 
+    // Valid JSON, wrong envelope types: invalid params with the id, not a parse error.
+    s.send_raw(r#"{"jsonrpc":"2.0","id":88,"method":"tools/call","params":"oops"}"#);
+    let r = s.wait_for(&json!(88));
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    s.send_raw(r#"{"jsonrpc":"2.0","id":89,"method":"tools/call","params":{"name":5}}"#);
+    assert_eq!(s.wait_for(&json!(89))["error"]["code"], -32602);
+
     // Unknown method.
     let r = s.request("no/such/method", json!({}));
     assert_eq!(r["error"]["code"], -32601);

@@ -9,17 +9,23 @@ use snowluma_e2e::*;
 
 #[test]
 fn killing_the_catalog_worker_fails_the_call_in_flight_and_the_next_succeeds() {
-    let mut s = Mcp::spawn(&[]);
+    let mut s = Mcp::spawn(&[("SNOWLUMA_MCP_LOG", "info,snowluma_mcp=debug")]);
     s.initialize("2025-11-25");
     assert!(!is_error(&s.call("list_categories", json!({}))));
+    let dispatched_before = s.stderr_text().matches("request dispatched").count();
     let pid = Pid::from_raw(s.wait_worker("catalog"));
 
     // Freeze the worker so the next call is certainly in flight, then kill it.
     kill(pid, Signal::SIGSTOP).unwrap();
     let id = json!(s.next_id());
     s.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "list_categories", "arguments": {}}}));
-    // The request is written; whether or not the frozen worker has read it,
-    // it cannot answer. Kill it.
+    // Wait until the supervisor has handed the call to the (frozen) worker,
+    // so it is certainly in flight there; then kill the worker.
+    let deadline = std::time::Instant::now() + SAFETY;
+    while s.stderr_text().matches("request dispatched").count() <= dispatched_before {
+        assert!(std::time::Instant::now() < deadline, "the call was never dispatched");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     kill(pid, Signal::SIGKILL).unwrap();
     let r = s.wait_for(&id);
     let r = &r["result"];
@@ -39,6 +45,10 @@ fn workers_get_an_empty_environment_and_no_token() {
     let secret = "tok-e2e-secret-value";
     let mut s = Mcp::spawn(&[("SNOWLUMA_MCP_ENDPOINT", "http://127.0.0.1:9/"), ("SNOWLUMA_MCP_TOKEN", secret)]);
     s.initialize("2025-11-25");
+    // One call through each worker, so both have finished starting up.
+    assert!(!is_error(&s.call("list_categories", json!({}))));
+    let r = s.call("query_action", json!({"action": "get_status"}));
+    assert_eq!(structured(&r)["diagnostics"]["kind"], "transport", "{r}");
     let catalog = s.wait_worker("catalog");
     let network = s.wait_worker("network");
     for pid in [catalog, network] {
@@ -47,6 +57,7 @@ fn workers_get_an_empty_environment_and_no_token() {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
         assert!(!String::from_utf8_lossy(&cmdline).contains(secret));
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(status.starts_with("Name:\tsnowluma-"), "workers name themselves: {status}");
         assert!(status.lines().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')), "{status}");
         // Only stdin, stdout, stderr and the IPC socket are open.
         let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))

@@ -12,7 +12,12 @@ pub enum ConfineError {
     Prctl { what: &'static str, source: nix::Error },
 }
 
-pub fn confine_self(_role: Role) -> Result<(), ConfineError> {
+pub fn confine_self(role: Role) -> Result<(), ConfineError> {
+    // A readable process name for ps/top/journal (the exec path is a /proc fd).
+    let name = format!("snowluma-{}", role.as_str());
+    if let Ok(c) = std::ffi::CString::new(name) {
+        let _ = nix::sys::prctl::set_name(&c);
+    }
     nix::sys::prctl::set_no_new_privs()
         .map_err(|source| ConfineError::Prctl { what: "PR_SET_NO_NEW_PRIVS", source })?;
     nix::sys::prctl::set_dumpable(false).map_err(|source| ConfineError::Prctl { what: "PR_SET_DUMPABLE", source })?;

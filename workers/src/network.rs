@@ -155,15 +155,20 @@ fn strip_url(e: &reqwest::Error) -> String {
     s
 }
 
+/// SnowLuma's human-readable reason in an envelope or frame, if any.
+fn wording(env: &Value) -> Option<String> {
+    ["wording", "message", "msg"]
+        .iter()
+        .filter_map(|k| env.get(*k).and_then(Value::as_str))
+        .find(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
 /// Classify a OneBot envelope.
 pub fn classify(env: &Value) -> Diagnostics {
     let status = env.get("status").and_then(Value::as_str);
     let retcode = env.get("retcode").and_then(Value::as_i64);
-    let wording = ["wording", "message", "msg"]
-        .iter()
-        .filter_map(|k| env.get(*k).and_then(Value::as_str))
-        .find(|s| !s.is_empty())
-        .map(str::to_owned);
+    let wording = wording(env);
     match (status, retcode) {
         (Some("ok"), Some(0)) => Diagnostics::success(),
         (Some("async"), _) | (_, Some(1)) => Diagnostics::unknown(
@@ -366,11 +371,7 @@ fn frame_failure(frame: &Value) -> Option<String> {
     if status == Some("ok") && retcode == Some(0) && !is_error {
         return None;
     }
-    let why = ["wording", "message"]
-        .iter()
-        .filter_map(|k| frame.get(*k).and_then(Value::as_str))
-        .find(|s| !s.is_empty())
-        .map(str::to_owned)
+    let why = wording(frame)
         .unwrap_or_else(|| format!("retcode {}", retcode.map(|r| r.to_string()).unwrap_or_else(|| "none".into())));
     Some(why)
 }
