@@ -2,6 +2,8 @@
 //! `list_categories`, and the catalog resources. Pure functions from
 //! arguments (untrusted JSON) to a result value or a clear error.
 
+use std::collections::BTreeSet;
+
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -70,13 +72,27 @@ fn parse<T: for<'de> Deserialize<'de>>(tool: &'static str, args: &Value) -> Resu
     serde_json::from_value(args).map_err(|e| DocError::InvalidArguments { tool, message: e.to_string() })
 }
 
-/// Answer one documentation tool.
-pub fn call(catalog: &Catalog, tool: &str, args: &Value) -> Result<Value, DocError> {
+/// Answer one documentation tool. Actions in `denied` (the operator's
+/// policy) stay listed, flagged `"denied_by_policy": true`.
+pub fn call(catalog: &Catalog, tool: &str, args: &Value, denied: &BTreeSet<String>) -> Result<Value, DocError> {
+    let flag = |name: &str, mut v: Value| {
+        if denied.contains(name)
+            && let Value::Object(m) = &mut v
+        {
+            m.insert("denied_by_policy".into(), Value::Bool(true));
+        }
+        v
+    };
     match tool {
         "list_actions" => {
             let f: Filters = parse("list_actions", args)?;
             let items = filtered(catalog, f.category.as_deref(), f.read_only, f.stream)?;
-            page("list_actions", items.into_iter().map(|(_, a)| a.compact()).collect(), f.limit, f.offset)
+            page(
+                "list_actions",
+                items.into_iter().map(|(_, a)| flag(&a.name, a.compact())).collect(),
+                f.limit,
+                f.offset,
+            )
         }
         "search_actions" => {
             let s: SearchArgs = parse("search_actions", args)?;
@@ -85,12 +101,14 @@ pub fn call(catalog: &Catalog, tool: &str, args: &Value) -> Result<Value, DocErr
                 MatchMode::Substring => items
                     .into_iter()
                     .filter(|(_, a)| search::substring_match(a, &s.query))
-                    .map(|(_, a)| a.compact())
+                    .map(|(_, a)| flag(&a.name, a.compact()))
                     .collect(),
                 MatchMode::Keywords => {
                     let mut ranked: Vec<(u8, usize, Value)> = items
                         .into_iter()
-                        .filter_map(|(i, a)| search::keyword_rank(a, &s.query).map(|r| (r, i, a.compact())))
+                        .filter_map(|(i, a)| {
+                            search::keyword_rank(a, &s.query).map(|r| (r, i, flag(&a.name, a.compact())))
+                        })
                         .collect();
                     ranked.sort_by_key(|(r, i, _)| (*r, *i));
                     ranked.into_iter().map(|(_, _, v)| v).collect()
@@ -100,7 +118,7 @@ pub fn call(catalog: &Catalog, tool: &str, args: &Value) -> Result<Value, DocErr
         }
         "get_action" => {
             let g: GetArgs = parse("get_action", args)?;
-            catalog.get(&g.name).map(|a| a.doc.clone()).ok_or(DocError::UnknownAction(g.name))
+            catalog.get(&g.name).map(|a| flag(&a.name, a.doc.clone())).ok_or(DocError::UnknownAction(g.name))
         }
         "list_categories" => {
             let _: NoArgs = parse("list_categories", args)?;

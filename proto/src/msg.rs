@@ -86,7 +86,11 @@ pub struct Hello {
 /// to the role that needs them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum WorkerConfig {
-    Catalog,
+    /// `denied`: canonical names the operator's policy refuses, flagged in
+    /// documentation results (the gate itself is the supervisor's).
+    Catalog {
+        denied: Vec<String>,
+    },
     Network(NetworkConfig),
 }
 

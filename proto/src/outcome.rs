@@ -43,6 +43,7 @@ pub enum FailureKind {
     Cancelled,
     InvalidResponse,
     WorkerUnavailable,
+    AuditFailed,
     Execution,
 }
 
@@ -62,6 +63,7 @@ impl FailureKind {
             FailureKind::Cancelled => "cancelled",
             FailureKind::InvalidResponse => "invalid_response",
             FailureKind::WorkerUnavailable => "worker_unavailable",
+            FailureKind::AuditFailed => "audit_failed",
             FailureKind::Execution => "execution",
         }
     }

@@ -65,9 +65,32 @@ pub struct Cli {
     /// Append-only audit log for write mode.
     #[arg(long, env = "SNOWLUMA_MCP_AUDIT_LOG", hide_env_values = true)]
     pub audit_log: Option<String>,
+    /// Only these actions may run (comma-separated names or aliases).
+    #[arg(long, env = "SNOWLUMA_MCP_ALLOW_ACTIONS", hide_env_values = true)]
+    pub allow_actions: Option<String>,
+    /// These actions never run (comma-separated names or aliases; wins over allow).
+    #[arg(long, env = "SNOWLUMA_MCP_DENY_ACTIONS", hide_env_values = true)]
+    pub deny_actions: Option<String>,
     /// Diagnostics filter for stderr (e.g. info, debug, snowluma_mcp=trace).
     #[arg(long, env = "SNOWLUMA_MCP_LOG", hide_env_values = true, default_value = "info,rmcp=warn")]
     pub log: String,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Audit log tools.
+    Audit {
+        #[command(subcommand)]
+        action: AuditCommand,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AuditCommand {
+    /// Check the hash chain of an audit log; names the first bad line.
+    Verify { path: PathBuf },
 }
 
 #[derive(Clone)]
@@ -82,6 +105,8 @@ pub struct Config {
     pub events_url: Option<String>,
     pub task_dir: Option<PathBuf>,
     pub audit_log: Option<PathBuf>,
+    pub allow_actions: Option<String>,
+    pub deny_actions: Option<String>,
     pub log: String,
     /// Non-fatal notes for stderr (e.g. a mode ignored for lack of endpoint).
     pub warnings: Vec<String>,
@@ -260,6 +285,8 @@ impl Config {
             events_url,
             task_dir,
             audit_log,
+            allow_actions: nonempty(&cli.allow_actions),
+            deny_actions: nonempty(&cli.deny_actions),
             log: cli.log.clone(),
             warnings,
         })

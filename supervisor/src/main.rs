@@ -1,7 +1,9 @@
 //! `snowluma-mcp`: the supervisor (MCP on stdio) or, with the hidden worker
 //! argument, one of its confined worker processes.
 
+mod audit;
 mod config;
+mod policy;
 mod runtime;
 mod server;
 mod tools;
@@ -43,6 +45,18 @@ fn main() -> ExitCode {
         return snowluma_workers::worker_main(role);
     }
     let cli = Cli::parse();
+    if let Some(config::Command::Audit { action: config::AuditCommand::Verify { path } }) = &cli.command {
+        return match audit::verify(path) {
+            Ok(n) => {
+                eprintln!("audit log OK: {n} records, chain intact");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("audit log BROKEN at {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let env_token = std::env::var("SNOWLUMA_MCP_TOKEN").ok();
     let config = match Config::resolve(&cli, env_token) {
         Ok(c) => c,
@@ -55,14 +69,31 @@ fn main() -> ExitCode {
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
-    // Fail closed: an operator who asked for an audit log must never get
-    // unaudited writes from a build that cannot write one.
-    if config.audit_log.is_some() {
-        eprintln!(
-            "snowluma-mcp: configuration error: SNOWLUMA_MCP_AUDIT_LOG (--audit-log) is set, but this build has no audit log; refusing to start rather than execute writes unaudited"
-        );
-        return ExitCode::from(2);
-    }
+    let policy = match policy::Policy::from_config(
+        snowluma_catalog::Catalog::bundled(),
+        config.allow_actions.as_deref(),
+        config.deny_actions.as_deref(),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("snowluma-mcp: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // The audit log is opened before anything can execute; a log that
+    // cannot be written stops startup (fail closed).
+    let audit = match &config.audit_log {
+        None => None,
+        Some(path) => match audit::AuditLog::open(path, stdin_peer(), config.mode.as_str()) {
+            Ok(log) => Some(log),
+            Err(e) => {
+                eprintln!(
+                    "snowluma-mcp: configuration error: SNOWLUMA_MCP_AUDIT_LOG (--audit-log) cannot be used: {e}"
+                );
+                return ExitCode::from(2);
+            }
+        },
+    };
     if config.events_url.is_some() {
         tracing::warn!("SNOWLUMA_MCP_EVENTS_URL is set, but event resources are not part of this build; ignoring it");
     }
@@ -76,7 +107,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(config)) {
+    match rt.block_on(run(config, policy, audit)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server stopped with an error");
@@ -85,10 +116,24 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+/// The connecting peer when stdin is a unix socket (systemd `Accept=yes`).
+fn stdin_peer() -> Option<audit::Peer> {
+    use std::os::fd::BorrowedFd;
+    // SAFETY: descriptor 0 is open for the life of the process; the borrow
+    // is used only for this getsockopt call.
+    let fd = unsafe { BorrowedFd::borrow_raw(0) };
+    let cred = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    Some(audit::Peer { uid: cred.uid(), gid: cred.gid(), pid: cred.pid() })
+}
+
+async fn run(
+    config: Config,
+    policy: policy::Policy,
+    audit: Option<audit::AuditLog>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let exe = Arc::new(SelfExe::open()?);
     let spec = Arc::new(SpawnSpec { exe, log_filter: config.log.clone() });
-    let catalog = WorkerSlot::start(Role::Catalog, WorkerConfig::Catalog, spec.clone());
+    let catalog = WorkerSlot::start(Role::Catalog, WorkerConfig::Catalog { denied: policy.denied() }, spec.clone());
     let network = match (&config.endpoint, config.mode.executes()) {
         (Some(endpoint), true) => Some(WorkerSlot::start(
             Role::Network,
@@ -111,7 +156,7 @@ async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
         "snowluma-mcp ready"
     );
     let slots: Vec<Arc<WorkerSlot>> = std::iter::once(catalog.clone()).chain(network.clone()).collect();
-    let server = SnowlumaServer::new(config, Workers { catalog, network });
+    let server = SnowlumaServer::new(config, Workers { catalog, network }, policy, audit);
     let info = serde_json::to_value(server::implementation())?;
     let transport = transport::LineTransport::stdio(info);
     let result = match server.serve(transport).await {

@@ -79,8 +79,9 @@ pub async fn runtime_info(
             "events_available": false,
             "tasks_configured": cfg.task_dir.is_some(),
             "tasks_available": false,
-            "audit_log": false,
         },
+        "audit_log": server.audit_enabled(),
+        "policy": server.policy().to_json(),
     });
     if args.check_connection {
         let mut checks = serde_json::Map::new();

@@ -25,7 +25,9 @@ use snowluma_proto::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::AuditLog;
 use crate::config::{Config, Mode};
+use crate::policy::Policy;
 use crate::tools::{self, ToolKind};
 use crate::trace::CallTrace;
 use crate::workers::{CallError, WorkerSlot};
@@ -49,6 +51,8 @@ pub struct SnowlumaServer {
     config: Arc<Config>,
     workers: Workers,
     catalog: &'static Catalog,
+    policy: Policy,
+    audit: Option<AuditLog>,
 }
 
 fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
@@ -118,8 +122,16 @@ struct ExecutionArgs {
 }
 
 impl SnowlumaServer {
-    pub fn new(config: Arc<Config>, workers: Workers) -> SnowlumaServer {
-        SnowlumaServer { config, workers, catalog: Catalog::bundled() }
+    pub fn new(config: Arc<Config>, workers: Workers, policy: Policy, audit: Option<AuditLog>) -> SnowlumaServer {
+        SnowlumaServer { config, workers, catalog: Catalog::bundled(), policy, audit }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn audit_enabled(&self) -> bool {
+        self.audit.is_some()
     }
 
     async fn doc_call(&self, tool: &str, args: Value, cancel: &CancellationToken) -> ToolReply {
@@ -160,7 +172,7 @@ impl SnowlumaServer {
             );
         };
         // Gate 2: the action must be in the bundled catalog.
-        let Some(action) = self.catalog.get(&args.action) else {
+        let Some(action) = crate::policy::resolve(self.catalog, &args.action) else {
             return ToolReply::error(
                 Diagnostics::failed(FailureKind::UnknownAction, format!("unknown action {:?}", args.action))
                     .with_next_step(
@@ -197,6 +209,54 @@ impl SnowlumaServer {
                 .with_next_step("Send upload_file_stream chunks through params instead."),
             );
         }
+        let op_id = hex(&crate::trace::random_bytes::<16>());
+        let record = |phase: &str| {
+            let mut m = serde_json::Map::new();
+            m.insert("phase".into(), json!(phase));
+            m.insert("op_id".into(), json!(op_id));
+            m.insert("tool".into(), json!(tool));
+            m.insert("action".into(), json!(args.action));
+            m.insert("canonical".into(), json!(action.name));
+            m.insert("read_only".into(), json!(action.read_only));
+            m.insert("mode".into(), json!(self.config.mode.as_str()));
+            m.insert("traceparent".into(), json!(trace.traceparent));
+            m
+        };
+        // Gate 4: the operator's action policy. Refusals are audited too.
+        if !self.policy.permits(action) {
+            if let Some(log) = &self.audit {
+                let mut rec = record("refused");
+                rec.insert("reason".into(), json!("policy_denied"));
+                if let Err(e) = log.append(rec).await {
+                    tracing::error!(error = %e, "cannot write an audit record for a refused action");
+                }
+            }
+            return ToolReply::error(
+                Diagnostics::failed(
+                    FailureKind::PolicyDenied,
+                    format!("{} is refused by this server's action policy: {}", action.name, self.policy.reason(action)),
+                )
+                .with_next_step("Use another action, or ask the operator to change SNOWLUMA_MCP_ALLOW_ACTIONS / SNOWLUMA_MCP_DENY_ACTIONS."),
+            );
+        }
+        // Nothing leaves without its intent record once auditing is on.
+        if let Some(log) = &self.audit {
+            let mut rec = record("intent");
+            rec.insert("params_digest".into(), json!(log.params_digest(&params)));
+            if let Err(e) = log.append(rec).await {
+                tracing::error!(error = %e, "audit intent not written; action refused");
+                return ToolReply::error(
+                    Diagnostics::failed(
+                        FailureKind::AuditFailed,
+                        format!("the audit log could not be written, so the action was not executed: {e}"),
+                    )
+                    .with_next_step(
+                        "The operator must repair SNOWLUMA_MCP_AUDIT_LOG (see `snowluma-mcp audit verify`).",
+                    ),
+                );
+            }
+        }
+        let started = Instant::now();
         let req = Request::Execute(ExecRequest {
             action: args.action.clone(),
             params: JsonText::from_value(&params),
@@ -204,14 +264,29 @@ impl SnowlumaServer {
             write: !action.read_only,
             trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
         });
-        match network.call(req, cancel, None).await {
+        let reply = match network.call(req, cancel, None).await {
             Ok(Reply::Tool(t)) => t,
             Ok(other) => ToolReply::fail(
                 FailureKind::Execution,
                 format!("network executor answered unexpectedly: {}", reply_kind(&other)),
             ),
             Err(e) => call_error_reply(e, !action.read_only),
+        };
+        if let Some(log) = &self.audit {
+            let mut rec = record("result");
+            rec.insert("outcome".into(), json!(reply.diagnostics.outcome.as_str()));
+            rec.insert("kind".into(), json!(reply.diagnostics.kind.map(|k| k.as_str())));
+            rec.insert("is_error".into(), json!(reply.is_error));
+            let retcode =
+                reply.result.as_ref().and_then(|t| t.parse().ok()).and_then(|v: Value| v.get("retcode").cloned());
+            rec.insert("retcode".into(), retcode.unwrap_or(Value::Null));
+            rec.insert("duration_ms".into(), json!(started.elapsed().as_secs_f64() * 1000.0));
+            if let Err(e) = log.append(rec).await {
+                // The action already ran; its intent is on record. Say so loudly.
+                tracing::error!(error = %e, "audit result record not written (the intent record stands)");
+            }
         }
+        reply
     }
 
     async fn runtime_info(&self, args: Value, cancel: &CancellationToken, trace: &CallTrace) -> ToolReply {
@@ -231,6 +306,10 @@ impl SnowlumaServer {
     pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
         self.exec_call(ToolKind::Query, json!({"action": action, "params": {}}), trace, cancel).await
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn mode_refusal(tool: &str, mode: Mode) -> ToolReply {

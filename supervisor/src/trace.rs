@@ -22,7 +22,7 @@ pub struct CallTrace {
     pub tracestate_rejected: bool,
 }
 
-fn random_bytes<const N: usize>() -> [u8; N] {
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     let mut buf = [0u8; N];
     loop {
         // SAFETY: getrandom writes at most `buf.len()` bytes into the buffer we

@@ -107,10 +107,20 @@ impl LineTransport {
     /// directly; tokio's `stdin()`/`stdout()` hand every read and write to a
     /// blocking thread, which costs a thread handoff per message.
     pub fn stdio(server_info: Value) -> LineTransport {
-        let input: Box<dyn AsyncRead + Send + Sync + Unpin> =
-            reactor_stdio(0).map(|s| s.reader).unwrap_or_else(|| Box::new(tokio::io::stdin()));
-        let output: Box<dyn AsyncWrite + Send + Sync + Unpin> =
-            reactor_stdio(1).map(|s| s.writer).unwrap_or_else(|| Box::new(tokio::io::stdout()));
+        // A socket on stdin (systemd `Accept=yes`) carries both directions:
+        // one stream, split, so that no half is dropped (dropping a write
+        // half would shut the connection down).
+        if let Some(ReactorIo::Socket(r, w)) = reactor_stdio(0) {
+            return LineTransport::new(r, w, server_info);
+        }
+        let input: Box<dyn AsyncRead + Send + Sync + Unpin> = match reactor_stdio(0) {
+            Some(ReactorIo::PipeIn(r)) => r,
+            _ => Box::new(tokio::io::stdin()),
+        };
+        let output: Box<dyn AsyncWrite + Send + Sync + Unpin> = match reactor_stdio(1) {
+            Some(ReactorIo::PipeOut(w)) => w,
+            _ => Box::new(tokio::io::stdout()),
+        };
         LineTransport::new(input, output, server_info)
     }
 
@@ -171,9 +181,10 @@ impl LineTransport {
     }
 }
 
-struct ReactorIo {
-    reader: Box<dyn AsyncRead + Send + Sync + Unpin>,
-    writer: Box<dyn AsyncWrite + Send + Sync + Unpin>,
+enum ReactorIo {
+    PipeIn(Box<dyn AsyncRead + Send + Sync + Unpin>),
+    PipeOut(Box<dyn AsyncWrite + Send + Sync + Unpin>),
+    Socket(Box<dyn AsyncRead + Send + Sync + Unpin>, Box<dyn AsyncWrite + Send + Sync + Unpin>),
 }
 
 /// A reactor-driven handle on a duplicate of descriptor `fd` (0 or 1), if
@@ -187,19 +198,15 @@ fn reactor_stdio(fd: i32) -> Option<ReactorIo> {
     let owned = borrowed.as_fd().try_clone_to_owned().ok()?;
     let file = std::fs::File::from(owned);
     let ft = file.metadata().ok()?.file_type();
-    if ft.is_fifo() {
-        if fd == 0 {
-            let r = tokio::net::unix::pipe::Receiver::from_file(file).ok()?;
-            Some(ReactorIo { reader: Box::new(r), writer: Box::new(tokio::io::sink()) })
-        } else {
-            let w = tokio::net::unix::pipe::Sender::from_file(file).ok()?;
-            Some(ReactorIo { reader: Box::new(tokio::io::empty()), writer: Box::new(w) })
-        }
+    if ft.is_fifo() && fd == 0 {
+        Some(ReactorIo::PipeIn(Box::new(tokio::net::unix::pipe::Receiver::from_file(file).ok()?)))
+    } else if ft.is_fifo() {
+        Some(ReactorIo::PipeOut(Box::new(tokio::net::unix::pipe::Sender::from_file(file).ok()?)))
     } else if ft.is_socket() {
         let std_stream = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(file));
         std_stream.set_nonblocking(true).ok()?;
         let (r, w) = tokio::net::UnixStream::from_std(std_stream).ok()?.into_split();
-        Some(ReactorIo { reader: Box::new(r), writer: Box::new(w) })
+        Some(ReactorIo::Socket(Box::new(r), Box::new(w)))
     } else {
         None
     }

@@ -11,11 +11,12 @@ use crate::serve::{Ctx, RoleHandler};
 
 pub struct CatalogWorker {
     catalog: &'static Catalog,
+    denied: std::sync::OnceLock<std::collections::BTreeSet<String>>,
 }
 
 impl CatalogWorker {
     pub fn new() -> CatalogWorker {
-        CatalogWorker { catalog: Catalog::bundled() }
+        CatalogWorker { catalog: Catalog::bundled(), denied: std::sync::OnceLock::new() }
     }
 }
 
@@ -40,7 +41,9 @@ fn doc_error(e: DocError) -> ToolReply {
 impl RoleHandler for CatalogWorker {
     fn configure(&self, config: WorkerConfig) -> Result<(), String> {
         match config {
-            WorkerConfig::Catalog => Ok(()),
+            WorkerConfig::Catalog { denied } => {
+                self.denied.set(denied.into_iter().collect()).map_err(|_| "already configured".to_owned())
+            }
             other => Err(format!("catalog worker cannot take {other:?}")),
         }
     }
@@ -57,7 +60,9 @@ impl RoleHandler for CatalogWorker {
                         ));
                     }
                 };
-                Reply::Tool(match tools::call(self.catalog, &tool, &args) {
+                let empty = std::collections::BTreeSet::new();
+                let denied = self.denied.get().unwrap_or(&empty);
+                Reply::Tool(match tools::call(self.catalog, &tool, &args, denied) {
                     Ok(v) => ToolReply::ok(&v),
                     Err(e) => doc_error(e),
                 })
