@@ -7,6 +7,7 @@
 //! JSON values never travel as `serde_json::Value` (postcard is not
 //! self-describing); they travel as [`msg::JsonText`], validated JSON text.
 
+pub mod fdpass;
 pub mod frame;
 pub mod msg;
 pub mod outcome;

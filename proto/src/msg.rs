@@ -16,6 +16,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::outcome::ToolReply;
 
+/// The three actions whose bytes are saved to a file on the MCP host.
+pub const FILE_DOWNLOAD_ACTIONS: [&str; 3] =
+    ["download_file_stream", "download_file_image_stream", "download_file_record_stream"];
+
 /// Bumped whenever a message's meaning changes.
 pub const IPC_VERSION: u32 = 1;
 
@@ -86,6 +90,7 @@ pub struct Hello {
 /// to the role that needs them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum WorkerConfig {
+    Files(FilesConfig),
     /// `denied`: canonical names the operator's policy refuses, flagged in
     /// documentation results (the gate itself is the supervisor's).
     Catalog {
@@ -93,6 +98,21 @@ pub enum WorkerConfig {
     },
     Network(NetworkConfig),
 }
+
+/// The file-transfer worker's settings; its directories arrive as
+/// descriptors ([`FILES_UPLOAD_ROOT_FD`], [`FILES_DOWNLOAD_DIR_FD`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FilesConfig {
+    pub upload_enabled: bool,
+    pub max_file_bytes: u64,
+}
+
+/// Descriptor numbers of the file-transfer worker (besides [`WORKER_IPC_FD`]).
+pub const FILES_UPLOAD_ROOT_FD: i32 = 4;
+pub const FILES_DOWNLOAD_DIR_FD: i32 = 5;
+pub const FILES_FD_CHANNEL: i32 = 6;
+/// Descriptor of the network executor's fd channel.
+pub const NETWORK_FD_CHANNEL: i32 = 4;
 
 #[derive(Clone, Serialize, Deserialize)]
 pub struct NetworkConfig {
@@ -142,6 +162,9 @@ pub enum Request {
     /// Execute one OneBot action (network executor). The supervisor has
     /// already applied every gate.
     Execute(ExecRequest),
+    /// File-transfer worker operations. A reply that hands over a file
+    /// sends its descriptor on the fd channel tagged `fd_tag` first.
+    Files(FilesRequest),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -154,12 +177,50 @@ pub struct ExecRequest {
     /// reply is reported (a write's outcome becomes unknown).
     pub write: bool,
     pub trace: TraceContext,
+    /// A file transfer; its descriptor arrives on the fd channel tagged
+    /// with the transfer's `fd_tag` before this request.
+    pub transfer: Option<Transfer>,
+    /// Send [`FromWorker::Progress`] while streaming.
+    pub progress: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Transfer {
+    /// Write the downloaded bytes into the received (empty) file.
+    Download { fd_tag: u64, limit_bytes: u64 },
+    /// Upload the received file in chunks (`upload_file_stream`).
+    Upload { fd_tag: u64, size: u64, filename: String, chunk_bytes: u64 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum FilesRequest {
+    /// Open a file under the upload root (`rel_path` is relative to it).
+    OpenUpload { rel_path: String, fd_tag: u64 },
+    /// Create an empty private `.part` file in the download directory.
+    CreateDownload { fd_tag: u64 },
+    /// Give a finished `.part` file its final name.
+    CommitDownload { token: String, file_name: String, size: u64 },
+    /// Remove an unfinished `.part` file.
+    AbortDownload { token: String },
+    /// Bytes currently used by regular files in the download directory.
+    DownloadUsage,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum FilesReply {
+    Opened { size: u64, name: String },
+    Created { token: String },
+    Committed { file_name: String },
+    Aborted,
+    Usage { bytes: u64 },
+    Refused { reason: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
     Tool(ToolReply),
     Resource(ResourceReply),
+    Files(FilesReply),
     /// The worker could not serve the request at all.
     Error(WorkerError),
 }

@@ -4,10 +4,12 @@
 mod audit;
 mod config;
 mod policy;
+mod progress;
 mod runtime;
 mod server;
 mod tools;
 mod trace;
+mod transfers;
 mod transport;
 mod workers;
 
@@ -20,7 +22,7 @@ use snowluma_proto::{NetworkConfig, Role, WORKER_ARG, WorkerConfig};
 
 use crate::config::{Cli, Config};
 use crate::server::{SnowlumaServer, Workers};
-use crate::workers::{SelfExe, SpawnSpec, WorkerSlot};
+use crate::workers::{Attach, ChannelDir, SelfExe, SpawnSpec, WorkerSlot};
 
 fn init_tracing(filter: &str) {
     let filter =
@@ -116,6 +118,46 @@ fn main() -> ExitCode {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+#[error("{var} ({flag}) {problem}")]
+struct DirError {
+    var: &'static str,
+    flag: &'static str,
+    problem: String,
+}
+
+fn open_dir(path: &std::path::Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)?;
+    Ok(f.into())
+}
+
+/// Create (0700) and open the download directory.
+fn open_download_dir(config: &Config) -> Result<(std::path::PathBuf, std::os::fd::OwnedFd), DirError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = config.stream_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("snowluma-mcp").join("downloads"));
+    let bad = |problem: String| DirError { var: "SNOWLUMA_MCP_STREAM_DIR", flag: "--stream-dir", problem };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| bad(format!("cannot be created: {e}")))?;
+    let canonical = std::fs::canonicalize(&dir).map_err(|e| bad(format!("cannot be resolved: {e}")))?;
+    let fd = open_dir(&canonical).map_err(|e| bad(format!("cannot be opened as a directory: {e}")))?;
+    Ok((canonical, fd))
+}
+
+/// Resolve and open the upload root, which must be an existing directory.
+fn open_upload_root(root: &std::path::Path) -> Result<(std::path::PathBuf, std::os::fd::OwnedFd), DirError> {
+    let bad = |problem: String| DirError { var: "SNOWLUMA_MCP_UPLOAD_ROOT", flag: "--upload-root", problem };
+    let canonical = std::fs::canonicalize(root).map_err(|e| bad(format!("cannot be resolved: {e}")))?;
+    let fd = open_dir(&canonical).map_err(|e| bad(format!("must be an existing directory: {e}")))?;
+    Ok((canonical, fd))
+}
+
 /// The connecting peer when stdin is a unix socket (systemd `Accept=yes`).
 fn stdin_peer() -> Option<audit::Peer> {
     use std::os::fd::BorrowedFd;
@@ -133,7 +175,12 @@ async fn run(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let exe = Arc::new(SelfExe::open()?);
     let spec = Arc::new(SpawnSpec { exe, log_filter: config.log.clone() });
-    let catalog = WorkerSlot::start(Role::Catalog, WorkerConfig::Catalog { denied: policy.denied() }, spec.clone());
+    let catalog = WorkerSlot::start(
+        Role::Catalog,
+        WorkerConfig::Catalog { denied: policy.denied() },
+        spec.clone(),
+        Attach::default(),
+    );
     let network = match (&config.endpoint, config.mode.executes()) {
         (Some(endpoint), true) => Some(WorkerSlot::start(
             Role::Network,
@@ -143,8 +190,33 @@ async fn run(
                 timeout_ms: config.timeout_ms,
             }),
             spec.clone(),
+            Attach { fds: Vec::new(), channel: Some((snowluma_proto::NETWORK_FD_CHANNEL, ChannelDir::ToWorker)) },
         )),
         _ => None,
+    };
+    // File transfers (write mode): the directories are opened here and handed
+    // to the file-transfer worker as descriptors; it never sees a path.
+    let mut paths = server::TransferPaths::default();
+    let files = if config.mode == config::Mode::Write && network.is_some() {
+        let (download_dir, download_fd) = open_download_dir(&config)?;
+        paths.download_dir = Some(download_dir);
+        let mut fds = vec![(snowluma_proto::FILES_DOWNLOAD_DIR_FD, Arc::new(download_fd))];
+        if let Some(root) = &config.upload_root {
+            let (canonical, fd) = open_upload_root(root)?;
+            paths.upload_root = Some((root.clone(), canonical));
+            fds.push((snowluma_proto::FILES_UPLOAD_ROOT_FD, Arc::new(fd)));
+        }
+        Some(WorkerSlot::start(
+            Role::Files,
+            WorkerConfig::Files(snowluma_proto::FilesConfig {
+                upload_enabled: config.upload_root.is_some(),
+                max_file_bytes: config.max_stream_bytes,
+            }),
+            spec.clone(),
+            Attach { fds, channel: Some((snowluma_proto::FILES_FD_CHANNEL, ChannelDir::FromWorker)) },
+        ))
+    } else {
+        None
     };
     let config = Arc::new(config);
     let cat = snowluma_catalog::Catalog::bundled();
@@ -155,8 +227,9 @@ async fn run(
         mode = config.mode.as_str(),
         "snowluma-mcp ready"
     );
-    let slots: Vec<Arc<WorkerSlot>> = std::iter::once(catalog.clone()).chain(network.clone()).collect();
-    let server = SnowlumaServer::new(config, Workers { catalog, network }, policy, audit);
+    let slots: Vec<Arc<WorkerSlot>> =
+        std::iter::once(catalog.clone()).chain(network.clone()).chain(files.clone()).collect();
+    let server = SnowlumaServer::new(config, Workers { catalog, network, files }, policy, audit, paths);
     let info = serde_json::to_value(server::implementation())?;
     let transport = transport::LineTransport::stdio(info);
     let result = match server.serve(transport).await {

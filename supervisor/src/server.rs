@@ -45,6 +45,16 @@ pub fn implementation() -> Implementation {
 pub struct Workers {
     pub catalog: Arc<WorkerSlot>,
     pub network: Option<Arc<WorkerSlot>>,
+    /// The file-transfer worker (write mode only).
+    pub files: Option<Arc<WorkerSlot>>,
+}
+
+/// Paths on the MCP host for transfers, resolved at startup.
+#[derive(Debug, Clone, Default)]
+pub struct TransferPaths {
+    /// The upload root as configured and as canonicalized.
+    pub upload_root: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    pub download_dir: Option<std::path::PathBuf>,
 }
 
 pub struct SnowlumaServer {
@@ -53,13 +63,16 @@ pub struct SnowlumaServer {
     catalog: &'static Catalog,
     policy: Policy,
     audit: Option<AuditLog>,
+    pub(crate) paths: TransferPaths,
+    /// Bytes reserved by downloads in flight (quota accounting).
+    pub(crate) reserved: std::sync::Mutex<u64>,
 }
 
 fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
     ctx.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
 }
 
-fn call_error_reply(e: CallError, write: bool) -> ToolReply {
+pub(crate) fn call_error_reply(e: CallError, write: bool) -> ToolReply {
     match e {
         CallError::Cancelled => ToolReply::error(Diagnostics {
             outcome: if write { snowluma_proto::Outcome::Unknown } else { snowluma_proto::Outcome::Failed },
@@ -122,8 +135,26 @@ struct ExecutionArgs {
 }
 
 impl SnowlumaServer {
-    pub fn new(config: Arc<Config>, workers: Workers, policy: Policy, audit: Option<AuditLog>) -> SnowlumaServer {
-        SnowlumaServer { config, workers, catalog: Catalog::bundled(), policy, audit }
+    pub fn new(
+        config: Arc<Config>,
+        workers: Workers,
+        policy: Policy,
+        audit: Option<AuditLog>,
+        paths: TransferPaths,
+    ) -> SnowlumaServer {
+        SnowlumaServer {
+            config,
+            workers,
+            catalog: Catalog::bundled(),
+            policy,
+            audit,
+            paths,
+            reserved: std::sync::Mutex::new(0),
+        }
+    }
+
+    pub(crate) fn files_worker(&self) -> Option<&Arc<WorkerSlot>> {
+        self.workers.files.as_ref()
     }
 
     pub fn policy(&self) -> &Policy {
@@ -146,7 +177,14 @@ impl SnowlumaServer {
         }
     }
 
-    async fn exec_call(&self, kind: ToolKind, args: Value, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
+    async fn exec_call(
+        &self,
+        kind: ToolKind,
+        args: Value,
+        trace: &CallTrace,
+        cancel: &CancellationToken,
+        progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
+    ) -> ToolReply {
         let tool = if kind == ToolKind::Query { "query_action" } else { "invoke_action" };
         let args: ExecArgs = match serde_json::from_value(args) {
             Ok(a) => a,
@@ -200,15 +238,12 @@ impl SnowlumaServer {
                 );
             }
         };
-        if args.execution.as_ref().is_some_and(|e| e.input_file.is_some()) {
-            return ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::NotConfigured,
-                    "execution.input_file (automatic upload) is not available in this build",
-                )
-                .with_next_step("Send upload_file_stream chunks through params instead."),
-            );
-        }
+        // File transfers: which one, and whether this server can do it.
+        let input_file = args.execution.as_ref().and_then(|e| e.input_file.clone());
+        let transfer = match crate::transfers::plan(self, action, &params, input_file.as_deref()) {
+            Ok(t) => t,
+            Err(reply) => return reply,
+        };
         let op_id = hex(&crate::trace::random_bytes::<16>());
         let record = |phase: &str| {
             let mut m = serde_json::Map::new();
@@ -257,21 +292,44 @@ impl SnowlumaServer {
             }
         }
         let started = Instant::now();
-        let req = Request::Execute(ExecRequest {
+        let exec = ExecRequest {
             action: args.action.clone(),
             params: JsonText::from_value(&params),
             stream: action.stream,
             write: !action.read_only,
             trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
-        });
-        let reply = match network.call(req, cancel, None).await {
-            Ok(Reply::Tool(t)) => t,
-            Ok(other) => ToolReply::fail(
-                FailureKind::Execution,
-                format!("network executor answered unexpectedly: {}", reply_kind(&other)),
-            ),
-            Err(e) => call_error_reply(e, !action.read_only),
+            transfer: None,
+            progress: progress.is_some() && action.stream,
         };
+        let forwarder = match progress {
+            Some((peer, token)) if action.stream => {
+                Some(crate::progress::Forwarder::start(peer, token, cancel.clone()))
+            }
+            _ => None,
+        };
+        let progress_tx = forwarder.as_ref().and_then(|f| f.sender());
+        let mut reply = match transfer {
+            Some(t) => crate::transfers::run(self, network, t, exec, cancel, progress_tx).await,
+            None => match network.call(Request::Execute(exec), cancel, progress_tx).await {
+                Ok(Reply::Tool(t)) => t,
+                Ok(other) => ToolReply::fail(
+                    FailureKind::Execution,
+                    format!("network executor answered unexpectedly: {}", reply_kind(&other)),
+                ),
+                Err(e) => call_error_reply(e, !action.read_only),
+            },
+        };
+        if let Some(f) = forwarder {
+            let success = !reply.is_error && !cancel.is_cancelled();
+            if !f.finish(success).await && !reply.is_error {
+                tracing::warn!(tool, "progress notifications could not be delivered");
+                let note = "some progress notifications could not be delivered";
+                reply.diagnostics.message = Some(match reply.diagnostics.message.take() {
+                    Some(m) => format!("{m}; {note}"),
+                    None => note.to_owned(),
+                });
+            }
+        }
         if let Some(log) = &self.audit {
             let mut rec = record("result");
             rec.insert("outcome".into(), json!(reply.diagnostics.outcome.as_str()));
@@ -304,7 +362,7 @@ impl SnowlumaServer {
     /// Run a read-only action for the runtime overview, through the same
     /// gates as `query_action`.
     pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
-        self.exec_call(ToolKind::Query, json!({"action": action, "params": {}}), trace, cancel).await
+        self.exec_call(ToolKind::Query, json!({"action": action, "params": {}}), trace, cancel, None).await
     }
 }
 
@@ -325,6 +383,7 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Tool(_) => "tool",
         Reply::Resource(_) => "resource",
         Reply::Error(_) => "error",
+        Reply::Files(_) => "files",
     }
 }
 
@@ -379,7 +438,10 @@ impl ServerHandler for SnowlumaServer {
         } else {
             match spec.kind {
                 ToolKind::Doc => self.doc_call(spec.name, args, &ctx.ct).await,
-                ToolKind::Query | ToolKind::Invoke => self.exec_call(spec.kind, args, &trace, &ctx.ct).await,
+                ToolKind::Query | ToolKind::Invoke => {
+                    let progress = ctx.meta.get_progress_token().map(|t| (ctx.peer.clone(), t));
+                    self.exec_call(spec.kind, args, &trace, &ctx.ct, progress).await
+                }
                 ToolKind::RuntimeInfo => self.runtime_info(args, &ctx.ct, &trace).await,
             }
         };

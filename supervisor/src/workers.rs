@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use snowluma_proto::fdpass::FdReceiver;
 use snowluma_proto::{
     BUILD_ID, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_ARG, WORKER_IPC_FD,
     WorkerConfig, read_frame, write_frame,
@@ -66,6 +67,10 @@ struct Pending {
 
 struct Conn {
     tx: mpsc::UnboundedSender<ToWorker>,
+    /// Our end of the descriptor channel, when we send descriptors to the worker.
+    fd_out: Option<OwnedFd>,
+    /// Descriptors the worker sent us, by tag.
+    fd_in: Option<FdReceiver>,
     pending: Mutex<HashMap<u64, Pending>>,
 }
 
@@ -76,6 +81,21 @@ pub struct WorkerSlot {
     stop: CancellationToken,
 }
 
+/// Extra descriptors a role's worker gets in every incarnation.
+#[derive(Default)]
+pub struct Attach {
+    /// Descriptors placed at fixed numbers (e.g. pre-opened directories).
+    pub fds: Vec<(i32, Arc<OwnedFd>)>,
+    /// A fresh descriptor channel at this number, and which way it carries descriptors.
+    pub channel: Option<(i32, ChannelDir)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelDir {
+    ToWorker,
+    FromWorker,
+}
+
 pub struct SpawnSpec {
     pub exe: Arc<SelfExe>,
     pub log_filter: String,
@@ -83,12 +103,32 @@ pub struct SpawnSpec {
 
 impl WorkerSlot {
     /// Start supervising `role`; the first worker is spawned immediately.
-    pub fn start(role: Role, config: WorkerConfig, spec: Arc<SpawnSpec>) -> Arc<WorkerSlot> {
+    pub fn start(role: Role, config: WorkerConfig, spec: Arc<SpawnSpec>, attach: Attach) -> Arc<WorkerSlot> {
         let (live_tx, live_rx) = watch::channel(None);
         let stop = CancellationToken::new();
         let slot = Arc::new(WorkerSlot { role, live: live_rx, next_id: AtomicU64::new(1), stop: stop.clone() });
-        tokio::spawn(supervise(role, config, spec, live_tx, stop));
+        tokio::spawn(supervise(role, config, spec, Arc::new(attach), live_tx, stop));
         slot
+    }
+
+    /// Send a descriptor to the worker on its channel, tagged.
+    pub async fn send_fd(
+        &self,
+        tag: u64,
+        fd: std::os::fd::BorrowedFd<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<(), CallError> {
+        let conn = self.conn(cancel).await?;
+        let out = conn.fd_out.as_ref().ok_or(CallError::Unavailable(self.role.as_str()))?;
+        snowluma_proto::fdpass::send_blocking(std::os::fd::AsFd::as_fd(out), tag, fd)
+            .map_err(|_| CallError::WorkerDied(self.role.as_str()))
+    }
+
+    /// Take the descriptor the worker sent with `tag`.
+    pub async fn claim_fd(&self, tag: u64, cancel: &CancellationToken) -> Result<OwnedFd, CallError> {
+        let conn = self.conn(cancel).await?;
+        let rx = conn.fd_in.as_ref().ok_or(CallError::Unavailable(self.role.as_str()))?;
+        rx.claim(tag, Duration::from_secs(10)).await.map_err(|_| CallError::WorkerDied(self.role.as_str()))
     }
 
     pub fn shutdown(&self) {
@@ -149,10 +189,31 @@ impl WorkerSlot {
     }
 }
 
-fn spawn_child(role: Role, spec: &SpawnSpec) -> std::io::Result<(tokio::process::Child, OwnedFd)> {
+/// Duplicate `fd` to a number of at least 10 (close-on-exec), so that the
+/// child's `dup2` onto the fixed low numbers cannot clobber another source.
+fn high_dup(fd: &impl std::os::fd::AsFd) -> std::io::Result<OwnedFd> {
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
+        .map(|raw| {
+            // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that we own.
+            unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) }
+        })
+        .map_err(std::io::Error::from)
+}
+
+/// Spawn one worker with the IPC socket on fd 3 and `extra` descriptors at
+/// their fixed numbers; nothing else is inherited.
+fn spawn_child(
+    role: Role,
+    spec: &SpawnSpec,
+    extra: &[(i32, OwnedFd)],
+) -> std::io::Result<(tokio::process::Child, OwnedFd)> {
     let (parent, child) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
         .map_err(std::io::Error::from)?;
-    let child_raw = child.as_raw_fd();
+    let mut moves: Vec<(i32, OwnedFd)> = vec![(WORKER_IPC_FD, high_dup(&child)?)];
+    for (target, fd) in extra {
+        moves.push((*target, high_dup(fd)?));
+    }
+    let plan: Vec<(i32, i32)> = moves.iter().map(|(t, fd)| (*t, fd.as_raw_fd())).collect();
     let mut cmd = std::process::Command::new(spec.exe.path());
     cmd.arg0("snowluma-mcp")
         .arg(WORKER_ARG)
@@ -163,34 +224,30 @@ fn spawn_child(role: Role, spec: &SpawnSpec) -> std::io::Result<(tokio::process:
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (dup2, fcntl, close_range) on descriptors it
-    // owns; it allocates nothing and touches no locks.
+    // async-signal-safe functions (close_range, dup2) on descriptors it owns;
+    // it allocates nothing (the plan was built before fork) and takes no locks.
     unsafe {
         cmd.pre_exec(move || {
             use nix::libc;
-            if child_raw == WORKER_IPC_FD {
-                if libc::fcntl(child_raw, libc::F_SETFD, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(child_raw, WORKER_IPC_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Mark everything above the IPC socket close-on-exec, in case some
-            // library opened a descriptor without O_CLOEXEC. (The executable's
-            // own descriptor must survive until exec opens it, so CLOEXEC, not
-            // close.) Old kernels without close_range fall back to the
+            // First mark everything from 3 up close-on-exec, in case some
+            // library opened a descriptor without O_CLOEXEC (the executable's
+            // own descriptor must survive until exec opens it, so CLOEXEC,
+            // not close). Old kernels without close_range fall back to the
             // CLOEXEC discipline of std and tokio.
             const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-            let _ = libc::syscall(
-                libc::SYS_close_range,
-                (WORKER_IPC_FD + 1) as libc::c_uint,
-                libc::c_uint::MAX,
-                CLOSE_RANGE_CLOEXEC,
-            );
+            let _ = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
+            // Then place each inherited descriptor (dup2 clears CLOEXEC on
+            // the target). Every source is >= 10, above every target.
+            for (target, src) in &plan {
+                if libc::dup2(*src, *target) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
     let child_proc = tokio::process::Command::from(cmd).kill_on_drop(true).spawn()?;
+    drop(moves);
     drop(child);
     Ok((child_proc, parent))
 }
@@ -217,6 +274,7 @@ async fn supervise(
     role: Role,
     config: WorkerConfig,
     spec: Arc<SpawnSpec>,
+    attach: Arc<Attach>,
     live: watch::Sender<Option<Arc<Conn>>>,
     stop: CancellationToken,
 ) {
@@ -224,7 +282,7 @@ async fn supervise(
     let name = role.as_str();
     loop {
         let started = Instant::now();
-        match run_once(role, &config, &spec, &live, &stop).await {
+        match run_once(role, &config, &spec, &attach, &live, &stop).await {
             Ok(()) if stop.is_cancelled() => return,
             Ok(()) => {}
             Err(e) => tracing::warn!(worker = name, error = %e, "worker failed to start"),
@@ -246,11 +304,23 @@ async fn run_once(
     role: Role,
     config: &WorkerConfig,
     spec: &SpawnSpec,
+    attach: &Attach,
     live: &watch::Sender<Option<Arc<Conn>>>,
     stop: &CancellationToken,
 ) -> Result<(), String> {
     let name = role.as_str();
-    let (mut child, parent) = spawn_child(role, spec).map_err(|e| format!("spawn: {e}"))?;
+    let mut extra: Vec<(i32, OwnedFd)> = Vec::new();
+    for (target, fd) in &attach.fds {
+        extra.push((*target, fd.try_clone().map_err(|e| format!("dup: {e}"))?));
+    }
+    let mut our_channel = None;
+    if let Some((target, _)) = attach.channel {
+        let (ours, theirs) = snowluma_proto::fdpass::pair().map_err(|e| format!("fd channel: {e}"))?;
+        extra.push((target, theirs));
+        our_channel = Some(ours);
+    }
+    let (mut child, parent) = spawn_child(role, spec, &extra).map_err(|e| format!("spawn: {e}"))?;
+    drop(extra);
     let std_stream = std::os::unix::net::UnixStream::from(parent);
     std_stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut stream = UnixStream::from_std(std_stream).map_err(|e| e.to_string())?;
@@ -268,7 +338,14 @@ async fn run_once(
     tracing::debug!(worker = name, pid, "worker ready");
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
-    let conn = Arc::new(Conn { tx, pending: Mutex::new(HashMap::new()) });
+    let (fd_out, fd_in) = match (attach.channel, our_channel) {
+        (Some((_, ChannelDir::ToWorker)), Some(ch)) => (Some(ch), None),
+        (Some((_, ChannelDir::FromWorker)), Some(ch)) => {
+            (None, Some(FdReceiver::spawn(ch).map_err(|e| format!("fd channel: {e}"))?))
+        }
+        _ => (None, None),
+    };
+    let conn = Arc::new(Conn { tx, pending: Mutex::new(HashMap::new()), fd_out, fd_in });
     live.send_replace(Some(conn.clone()));
 
     let writer = tokio::spawn(async move {

@@ -71,7 +71,7 @@ impl RoleHandler for CatalogWorker {
                 Ok(text) => Reply::Resource(ResourceReply { uri, mime_type: "application/json".into(), text }),
                 Err(_) => Reply::Error(WorkerError::ResourceNotFound(uri)),
             },
-            Request::Execute(_) => Reply::Error(WorkerError::Unsupported),
+            Request::Execute(_) | Request::Files(_) => Reply::Error(WorkerError::Unsupported),
         }
     }
 }

@@ -9,8 +9,10 @@
 
 pub mod catalog;
 pub mod confine;
+pub mod files;
 pub mod network;
 pub mod serve;
+pub mod transfer;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
@@ -38,8 +40,9 @@ pub fn worker_main(role: Role) -> ExitCode {
     let result = rt.block_on(async move {
         match role {
             Role::Catalog => serve::serve(fd, role, catalog::CatalogWorker::new()).await,
-            Role::Network => serve::serve(fd, role, network::NetworkWorker::default()).await,
-            Role::Files | Role::Tasks => Err(serve::ServeError::RoleNotBuilt(role)),
+            Role::Network => serve::serve(fd, role, network::NetworkWorker::from_inherited()).await,
+            Role::Files => serve::serve(fd, role, files::FilesWorker::from_inherited()).await,
+            Role::Tasks => Err(serve::ServeError::RoleNotBuilt(role)),
         }
     });
     match result {

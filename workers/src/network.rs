@@ -12,9 +12,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use std::os::fd::FromRawFd;
+
 use snowluma_proto::{
-    Diagnostics, ExecRequest, FailureKind, JsonText, NetworkConfig, Outcome, Reply, Request, ToolReply, WorkerConfig,
-    WorkerError,
+    Diagnostics, ExecRequest, FailureKind, JsonText, NetworkConfig, Outcome, Reply, Request, ToolReply, Transfer,
+    WorkerConfig, WorkerError,
 };
 use tokio::sync::Semaphore;
 
@@ -30,19 +32,26 @@ pub const MAX_GENERIC_TEXT: usize = 256 * 1024;
 /// Stream actions active at once.
 pub const MAX_ACTIVE_STREAMS: usize = 4;
 
-const FILE_DOWNLOADS: [&str; 3] = ["download_file_stream", "download_file_image_stream", "download_file_record_stream"];
-
-struct Net {
-    client: reqwest::Client,
+pub(crate) struct Net {
+    pub(crate) client: reqwest::Client,
     endpoint: reqwest::Url,
     token: Option<String>,
-    timeout: Duration,
+    pub(crate) timeout: Duration,
     streams: Arc<Semaphore>,
 }
 
 #[derive(Default)]
 pub struct NetworkWorker {
     net: OnceLock<Net>,
+    /// File descriptors handed over by the supervisor for transfers.
+    fds: OnceLock<snowluma_proto::fdpass::FdReceiver>,
+}
+
+impl NetworkWorker {
+    /// Claims the inherited descriptor channel, if any. Call once, at startup.
+    pub fn from_inherited() -> NetworkWorker {
+        NetworkWorker { net: OnceLock::new(), fds: OnceLock::new() }
+    }
 }
 
 fn tls_config() -> Result<rustls::ClientConfig, String> {
@@ -82,6 +91,15 @@ impl RoleHandler for NetworkWorker {
         match config {
             WorkerConfig::Network(cfg) => {
                 let net = build(cfg)?;
+                // SAFETY: F_GETFD only queries the descriptor table.
+                let open = unsafe { nix::libc::fcntl(snowluma_proto::NETWORK_FD_CHANNEL, nix::libc::F_GETFD) } >= 0;
+                if open {
+                    // SAFETY: the supervisor placed the fd channel here before exec;
+                    // configure runs once, so nothing else takes ownership of it.
+                    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(snowluma_proto::NETWORK_FD_CHANNEL) };
+                    let rx = snowluma_proto::fdpass::FdReceiver::spawn(fd).map_err(|e| format!("fd channel: {e}"))?;
+                    let _ = self.fds.set(rx);
+                }
                 self.net.set(net).map_err(|_| "already configured".to_owned())
             }
             _ => Err("network executor needs a network configuration".into()),
@@ -93,7 +111,7 @@ impl RoleHandler for NetworkWorker {
             return Reply::Error(WorkerError::Internal("not configured".into()));
         };
         match request {
-            Request::Execute(req) => Reply::Tool(execute(net, req, &ctx).await),
+            Request::Execute(req) => Reply::Tool(execute(net, self.fds.get(), req, &ctx).await),
             _ => Reply::Error(WorkerError::Unsupported),
         }
     }
@@ -101,7 +119,7 @@ impl RoleHandler for NetworkWorker {
 
 /// How a failed exchange is reported: a read that failed simply failed; a
 /// write whose request may have reached SnowLuma has an unknown outcome.
-fn transport_failure(kind: FailureKind, msg: String, write: bool, maybe_sent: bool) -> ToolReply {
+pub(crate) fn transport_failure(kind: FailureKind, msg: String, write: bool, maybe_sent: bool) -> ToolReply {
     let d = if write && maybe_sent {
         Diagnostics::unknown(kind, msg).with_next_step(
             "The request may have reached SnowLuma: check whether the action took effect before sending it again.",
@@ -117,7 +135,7 @@ fn transport_failure(kind: FailureKind, msg: String, write: bool, maybe_sent: bo
     ToolReply::error(d)
 }
 
-fn reqwest_failure(e: &reqwest::Error, write: bool, stage: &str) -> ToolReply {
+pub(crate) fn reqwest_failure(e: &reqwest::Error, write: bool, stage: &str) -> ToolReply {
     let detail = format!("{stage}: {}", strip_url(e));
     if e.is_timeout() {
         transport_failure(FailureKind::Timeout, format!("SnowLuma did not answer in time ({detail})"), write, true)
@@ -198,7 +216,7 @@ pub fn classify(env: &Value) -> Diagnostics {
     }
 }
 
-fn request(net: &Net, req: &ExecRequest, params: Value) -> reqwest::RequestBuilder {
+pub(crate) fn request(net: &Net, req: &ExecRequest, params: Value) -> reqwest::RequestBuilder {
     let body = json!({"action": req.action, "params": params});
     let mut rb = net
         .client
@@ -216,32 +234,61 @@ fn request(net: &Net, req: &ExecRequest, params: Value) -> reqwest::RequestBuild
     rb
 }
 
-async fn execute(net: &Net, req: ExecRequest, ctx: &Ctx) -> ToolReply {
+async fn execute(
+    net: &Net,
+    fds: Option<&snowluma_proto::fdpass::FdReceiver>,
+    req: ExecRequest,
+    ctx: &Ctx,
+) -> ToolReply {
     let params = match req.params.parse() {
         Ok(v @ Value::Object(_)) => v,
         _ => return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object"),
     };
     if req.stream {
-        if FILE_DOWNLOADS.contains(&req.action.as_str()) {
-            return ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::NotConfigured,
-                    "file downloads need the file-transfer worker, which this build does not include",
-                )
-                .with_next_step(
-                    "Use test_download_stream or ordinary actions; file downloads arrive with the file-transfer work.",
-                ),
-            );
-        }
         let Ok(_permit) = net.streams.clone().try_acquire_owned() else {
             return ToolReply::fail(
                 FailureKind::Execution,
                 format!("active stream limit reached ({MAX_ACTIVE_STREAMS}); wait for one to finish"),
             );
         };
-        return tokio::select! {
-            r = generic_stream(net, &req, params) => r,
-            _ = ctx.cancel.cancelled() => cancelled(req.write),
+        let transfer_fd = match &req.transfer {
+            None => None,
+            Some(t) => {
+                let tag = match t {
+                    Transfer::Download { fd_tag, .. } | Transfer::Upload { fd_tag, .. } => *fd_tag,
+                };
+                let claimed = match fds {
+                    Some(rx) => rx.claim(tag, Duration::from_secs(10)).await.map_err(|e| e.to_string()),
+                    None => Err("no descriptor channel".to_owned()),
+                };
+                match claimed {
+                    Ok(fd) => Some(std::fs::File::from(fd)),
+                    Err(e) => {
+                        return ToolReply::fail(
+                            FailureKind::Execution,
+                            format!("the transfer file did not arrive: {e}"),
+                        );
+                    }
+                }
+            }
+        };
+        return match (req.transfer.clone(), transfer_fd) {
+            (Some(Transfer::Download { limit_bytes, .. }), Some(file)) => {
+                tokio::select! {
+                    r = crate::transfer::download(net, &req, params, file, limit_bytes, ctx) => r,
+                    _ = ctx.cancel.cancelled() => cancelled(req.write),
+                }
+            }
+            (Some(Transfer::Upload { size, filename, chunk_bytes, .. }), Some(file)) => {
+                crate::transfer::upload(net, &req, params, file, size, filename, chunk_bytes, ctx).await
+            }
+            _ if snowluma_proto::FILE_DOWNLOAD_ACTIONS.contains(&req.action.as_str()) => {
+                ToolReply::fail(FailureKind::Execution, "file downloads need a download file from the supervisor")
+            }
+            _ => tokio::select! {
+                r = generic_stream(net, &req, params, ctx) => r,
+                _ = ctx.cancel.cancelled() => cancelled(req.write),
+            },
         };
     }
     let exchange = async {
@@ -296,7 +343,7 @@ async fn execute(net: &Net, req: ExecRequest, ctx: &Ctx) -> ToolReply {
     }
 }
 
-fn cancelled(write: bool) -> ToolReply {
+pub(crate) fn cancelled(write: bool) -> ToolReply {
     let d = Diagnostics {
         outcome: if write { Outcome::Unknown } else { Outcome::Failed },
         kind: Some(FailureKind::Cancelled),
@@ -364,7 +411,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-fn frame_failure(frame: &Value) -> Option<String> {
+pub(crate) fn frame_failure(frame: &Value) -> Option<String> {
     let status = frame.get("status").and_then(Value::as_str);
     let retcode = frame.get("retcode").and_then(Value::as_i64);
     let is_error = frame.pointer("/data/type").and_then(Value::as_str) == Some("error");
@@ -376,7 +423,7 @@ fn frame_failure(frame: &Value) -> Option<String> {
     Some(why)
 }
 
-async fn generic_stream(net: &Net, req: &ExecRequest, params: Value) -> ToolReply {
+async fn generic_stream(net: &Net, req: &ExecRequest, params: Value, ctx: &Ctx) -> ToolReply {
     let send = tokio::time::timeout(net.timeout, request(net, req, params.clone()).send()).await;
     let mut resp = match send {
         Err(_) => {
@@ -405,6 +452,7 @@ async fn generic_stream(net: &Net, req: &ExecRequest, params: Value) -> ToolRepl
     let mut frames: Vec<Value> = Vec::new();
     let mut terminal: Option<Value> = None;
     let mut text_total = 0usize;
+    let mut accepted = 0u64;
     let mut handle = |raw: Vec<u8>, frames: &mut Vec<Value>, terminal: &mut Option<Value>| -> Result<(), ToolReply> {
         let invalid = |m: String| transport_failure(FailureKind::InvalidResponse, m, req.write, true);
         if terminal.is_some() {
@@ -460,6 +508,10 @@ async fn generic_stream(net: &Net, req: &ExecRequest, params: Value) -> ToolRepl
         for raw in ready {
             if let Err(reply) = handle(raw, &mut frames, &mut terminal) {
                 return reply;
+            }
+            accepted += 1;
+            if req.progress {
+                ctx.progress(snowluma_proto::Progress { progress: accepted as f64, total: None, message: None });
             }
         }
     }

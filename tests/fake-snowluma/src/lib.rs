@@ -70,6 +70,13 @@ pub enum Fault {
     /// Write the body in pieces of this many bytes (one write, and for Stream
     /// actions one HTTP chunk, per piece) regardless of frame boundaries.
     StreamSplit(usize),
+    /// Answer a Stream action with exactly these frames (each followed by
+    /// `\r\n\r\n`), instead of what the action would send: for testing how a
+    /// client handles malformed streams.
+    StreamFrames(Vec<serde_json::Value>),
+    /// Send these Stream frames, then keep the response open without
+    /// finishing it until the client hangs up (recorded like [`Fault::Hang`]).
+    StreamThenHang(Vec<serde_json::Value>),
 }
 
 /// One request as it arrived.

@@ -151,6 +151,28 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
             return After::Drop;
         }
         Some(Fault::StreamSplit(piece)) => split = Some(piece.max(1)),
+        Some(Fault::StreamThenHang(frames)) => {
+            if conn.start_chunked(keep_alive).await.is_ok() {
+                for frame in frames {
+                    let mut bytes = json_bytes(&frame);
+                    bytes.extend_from_slice(FRAME_END);
+                    if conn.write_chunk(&bytes).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            conn.wait_for_close(None).await;
+            shared.record_closed(&call.action);
+            return After::Drop;
+        }
+        Some(Fault::StreamFrames(frames)) => {
+            let frames: Frames = Box::new(frames.into_iter());
+            return match write_stream(conn, frames, keep_alive, None).await {
+                Ok(()) if keep_alive => After::KeepAlive,
+                Ok(()) => After::Close,
+                Err(_) => After::Drop,
+            };
+        }
     }
 
     let action = call.action.clone();

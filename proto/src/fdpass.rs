@@ -1,0 +1,190 @@
+//! Descriptor passing between processes: a `SOCK_SEQPACKET` socket on which
+//! each message is an 8-byte tag plus exactly one descriptor (SCM_RIGHTS).
+//!
+//! This is how file bytes avoid the supervisor: the file-transfer worker
+//! opens a file and sends its descriptor; the supervisor forwards the
+//! descriptor (never the bytes) to the network executor, which reads or
+//! writes it. Received descriptors wait in a table until claimed by tag.
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg, sendmsg, socketpair,
+};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FdPassError {
+    #[error("descriptor channel: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("descriptor channel closed")]
+    Closed,
+    #[error("descriptor {0} did not arrive in time")]
+    Timeout(u64),
+    #[error("malformed descriptor message")]
+    Malformed,
+}
+
+/// A new connected pair (close-on-exec), one end per process.
+pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).map_err(std::io::Error::from)
+}
+
+/// Blocking send of one tagged descriptor.
+pub fn send_blocking(channel: BorrowedFd<'_>, tag: u64, fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    let bytes = tag.to_le_bytes();
+    let iov = [IoSlice::new(&bytes)];
+    let fds = [fd.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    sendmsg::<()>(channel.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None).map_err(std::io::Error::from)?;
+    Ok(())
+}
+
+fn recv_one(raw: RawFd) -> Result<Option<(u64, OwnedFd)>, nix::Error> {
+    let mut buf = [0u8; 8];
+    let (bytes, got) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let mut space = nix::cmsg_space!([RawFd; 1]);
+        let msg = recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+        let mut got: Option<OwnedFd> = None;
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(fds) = c {
+                for fd in fds {
+                    // SAFETY: the kernel just installed this descriptor in our
+                    // table for us; nothing else owns it (extra ones are closed).
+                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                    if got.is_none() {
+                        got = Some(owned);
+                    }
+                }
+            }
+        }
+        (msg.bytes, got)
+    };
+    match (bytes, got) {
+        (0, None) => Ok(None),
+        (8, Some(fd)) => Ok(Some((u64::from_le_bytes(buf), fd))),
+        _ => Err(nix::Error::EPROTO),
+    }
+}
+
+/// The receiving side: a task reads every message into a table; callers
+/// claim descriptors by tag.
+#[derive(Clone)]
+pub struct FdReceiver {
+    table: Arc<Mutex<Table>>,
+    notify: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct Table {
+    fds: HashMap<u64, OwnedFd>,
+    closed: bool,
+}
+
+impl FdReceiver {
+    /// Start reading `channel` on the current runtime.
+    pub fn spawn(channel: OwnedFd) -> std::io::Result<FdReceiver> {
+        let flags = nix::fcntl::fcntl(&channel, nix::fcntl::FcntlArg::F_GETFL).map_err(std::io::Error::from)?;
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&channel, nix::fcntl::FcntlArg::F_SETFL(flags)).map_err(std::io::Error::from)?;
+        // SAFETY: `channel` is an OwnedFd moved into the AsyncFd, so the
+        // descriptor stays open and unchanged for the AsyncFd's whole life.
+        let afd =
+            unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) }.map_err(|e| e.into_parts().1)?;
+        let rx = FdReceiver { table: Arc::default(), notify: Arc::new(Notify::new()) };
+        let task_rx = rx.clone();
+        tokio::spawn(async move {
+            loop {
+                let res =
+                    afd.async_io(Interest::READABLE, |fd| recv_one(fd.as_raw_fd()).map_err(std::io::Error::from)).await;
+                match res {
+                    Ok(Some((tag, fd))) => {
+                        if let Ok(mut t) = task_rx.table.lock() {
+                            t.fds.insert(tag, fd);
+                        }
+                        task_rx.notify.notify_waiters();
+                    }
+                    Ok(None) | Err(_) => {
+                        if let Ok(mut t) = task_rx.table.lock() {
+                            t.closed = true;
+                        }
+                        task_rx.notify.notify_waiters();
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    /// Wait for the descriptor tagged `tag`.
+    pub async fn claim(&self, tag: u64, timeout: Duration) -> Result<OwnedFd, FdPassError> {
+        let wait = async {
+            loop {
+                let notified = self.notify.notified();
+                {
+                    let mut t = self.table.lock().map_err(|_| FdPassError::Closed)?;
+                    if let Some(fd) = t.fds.remove(&tag) {
+                        return Ok(fd);
+                    }
+                    if t.closed {
+                        return Err(FdPassError::Closed);
+                    }
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(Err(FdPassError::Timeout(tag)))
+    }
+
+    /// Drop a descriptor that will never be claimed.
+    pub fn discard(&self, tag: u64) {
+        if let Ok(mut t) = self.table.lock() {
+            t.fds.remove(&tag);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek, Write};
+
+    #[tokio::test]
+    async fn passes_tagged_descriptors() {
+        let (a, b) = pair().unwrap();
+        let rx = FdReceiver::spawn(b).unwrap();
+        let path = std::env::temp_dir().join(format!("fdpass-{}", std::process::id()));
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(b"hello").unwrap();
+        let g = std::fs::File::open(&path).unwrap();
+        send_blocking(a.as_fd_ref(), 7, std::os::fd::AsFd::as_fd(&g)).unwrap();
+        send_blocking(a.as_fd_ref(), 9, std::os::fd::AsFd::as_fd(&f)).unwrap();
+        let got = rx.claim(9, Duration::from_secs(5)).await.unwrap();
+        let mut got7 = std::fs::File::from(rx.claim(7, Duration::from_secs(5)).await.unwrap());
+        let mut s = String::new();
+        got7.rewind().unwrap();
+        got7.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hello");
+        drop(got);
+        drop(a);
+        assert!(matches!(rx.claim(1, Duration::from_secs(5)).await, Err(FdPassError::Closed)));
+        let _ = std::fs::remove_file(path);
+    }
+
+    trait AsFdRef {
+        fn as_fd_ref(&self) -> BorrowedFd<'_>;
+    }
+    impl AsFdRef for OwnedFd {
+        fn as_fd_ref(&self) -> BorrowedFd<'_> {
+            std::os::fd::AsFd::as_fd(self)
+        }
+    }
+}

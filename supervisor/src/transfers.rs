@@ -1,0 +1,316 @@
+//! File transfers, orchestrated by the supervisor without touching bytes.
+//!
+//! The file-transfer worker creates or opens the file and passes its
+//! descriptor here; the supervisor forwards the descriptor to the network
+//! executor, which streams the bytes from or into it. The supervisor keeps
+//! the bookkeeping: the download quota, committing or removing the `.part`
+//! file, and the result the client sees.
+
+use std::os::fd::AsFd;
+use std::path::{Component, Path};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use snowluma_catalog::Action;
+use snowluma_proto::{
+    Diagnostics, ExecRequest, FailureKind, FilesReply, FilesRequest, Progress, Reply, Request, ToolReply, Transfer,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::server::{SnowlumaServer, call_error_reply};
+use crate::workers::WorkerSlot;
+
+/// Upload chunk size: 512 KiB of file bytes (about 683 KiB of base64 per request).
+pub const UPLOAD_CHUNK_BYTES: u64 = 512 * 1024;
+/// Params that automatic upload sets itself.
+pub const MCP_OWNED_UPLOAD_FIELDS: [&str; 9] = [
+    "stream_id",
+    "chunk_data",
+    "chunk_index",
+    "total_chunks",
+    "file_size",
+    "expected_sha256",
+    "is_complete",
+    "reset",
+    "verify_only",
+];
+
+#[derive(Debug)]
+pub enum Plan {
+    Download,
+    Upload { rel: String, filename: Option<String> },
+}
+
+fn bad_args(msg: impl Into<String>, next: &str) -> ToolReply {
+    ToolReply::error(Diagnostics::failed(FailureKind::InvalidArguments, msg).with_next_step(next))
+}
+
+fn not_configured(msg: impl Into<String>, next: &str) -> ToolReply {
+    ToolReply::error(Diagnostics::failed(FailureKind::NotConfigured, msg).with_next_step(next))
+}
+
+/// The path of `input` relative to the upload root, refusing anything that
+/// is not plainly inside it. (The file-transfer worker checks again, and the
+/// kernel refuses symlinks and escapes when it opens.)
+pub fn relative_to_root(input: &str, configured: &Path, canonical: &Path) -> Result<String, String> {
+    let p = Path::new(input);
+    if !p.is_absolute() {
+        return Err("execution.input_file must be an absolute path on the MCP host".into());
+    }
+    if input.contains('\0') {
+        return Err("execution.input_file contains a NUL byte".into());
+    }
+    let rest = p
+        .strip_prefix(canonical)
+        .or_else(|_| p.strip_prefix(configured))
+        .map_err(|_| "execution.input_file is outside SNOWLUMA_MCP_UPLOAD_ROOT".to_owned())?;
+    let mut parts = Vec::new();
+    for c in rest.components() {
+        match c {
+            Component::Normal(s) => parts.push(s.to_str().ok_or("execution.input_file is not valid UTF-8")?.to_owned()),
+            Component::CurDir => {}
+            _ => return Err("execution.input_file must not contain '..'".into()),
+        }
+    }
+    if parts.is_empty() {
+        return Err("execution.input_file names the upload root itself, not a file".into());
+    }
+    Ok(parts.join("/"))
+}
+
+/// Decide whether this call is a file transfer, and refuse what cannot be done.
+pub fn plan(
+    server: &SnowlumaServer,
+    action: &Action,
+    params: &Value,
+    input_file: Option<&str>,
+) -> Result<Option<Plan>, ToolReply> {
+    if let Some(input) = input_file {
+        if action.name != "upload_file_stream" {
+            return Err(bad_args(
+                "execution.input_file is only for upload_file_stream",
+                "Remove execution.input_file, or use it with upload_file_stream.",
+            ));
+        }
+        let (Some(_), Some((configured, canonical))) = (server.files_worker(), &server.paths.upload_root) else {
+            return Err(not_configured(
+                "automatic upload is not enabled on this server",
+                "The operator must set SNOWLUMA_MCP_UPLOAD_ROOT (and SNOWLUMA_MCP_MODE=write).",
+            ));
+        };
+        let owned: Vec<&str> = MCP_OWNED_UPLOAD_FIELDS.iter().copied().filter(|f| params.get(*f).is_some()).collect();
+        if !owned.is_empty() {
+            return Err(bad_args(
+                format!("with execution.input_file these params are set by the server: {}", owned.join(", ")),
+                "Remove them; only filename and file_retention may be given.",
+            ));
+        }
+        let rel = relative_to_root(input, configured, canonical)
+            .map_err(|m| bad_args(m, "Give an absolute path of a regular file inside SNOWLUMA_MCP_UPLOAD_ROOT."))?;
+        let filename = params.get("filename").and_then(Value::as_str).map(str::to_owned);
+        return Ok(Some(Plan::Upload { rel, filename }));
+    }
+    if snowluma_proto::FILE_DOWNLOAD_ACTIONS.contains(&action.name.as_str()) {
+        if server.files_worker().is_none() {
+            return Err(not_configured(
+                "file downloads need write mode and a download directory",
+                "The operator must set SNOWLUMA_MCP_MODE=write.",
+            ));
+        }
+        return Ok(Some(Plan::Download));
+    }
+    Ok(None)
+}
+
+fn random_tag() -> u64 {
+    u64::from_le_bytes(crate::trace::random_bytes::<8>())
+}
+
+/// Releases a quota reservation when dropped.
+struct Reservation<'a> {
+    server: &'a SnowlumaServer,
+    bytes: u64,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut r) = self.server.reserved.lock() {
+            *r = r.saturating_sub(self.bytes);
+        }
+    }
+}
+
+async fn files_call(
+    files: &WorkerSlot,
+    req: FilesRequest,
+    cancel: &CancellationToken,
+) -> Result<FilesReply, ToolReply> {
+    match files.call(Request::Files(req), cancel, None).await {
+        Ok(Reply::Files(r)) => Ok(r),
+        Ok(_) => Err(ToolReply::fail(FailureKind::Execution, "the file-transfer worker answered unexpectedly")),
+        Err(e) => Err(call_error_reply(e, false)),
+    }
+}
+
+/// Hand the file the files worker sent (tag) to the network executor; returns the new tag.
+async fn relay_fd(
+    files: &WorkerSlot,
+    network: &WorkerSlot,
+    tag: u64,
+    cancel: &CancellationToken,
+) -> Result<u64, ToolReply> {
+    let fd = files.claim_fd(tag, cancel).await.map_err(|e| call_error_reply(e, false))?;
+    let ntag = random_tag();
+    network.send_fd(ntag, fd.as_fd(), cancel).await.map_err(|e| call_error_reply(e, false))?;
+    Ok(ntag)
+}
+
+pub async fn run(
+    server: &SnowlumaServer,
+    network: &Arc<WorkerSlot>,
+    plan: Plan,
+    mut exec: ExecRequest,
+    cancel: &CancellationToken,
+    progress: Option<mpsc::UnboundedSender<Progress>>,
+) -> ToolReply {
+    let Some(files) = server.files_worker() else {
+        return not_configured("no file-transfer worker", "Set SNOWLUMA_MCP_MODE=write.");
+    };
+    match plan {
+        Plan::Upload { rel, filename } => {
+            let tag = random_tag();
+            let (size, name) =
+                match files_call(files, FilesRequest::OpenUpload { rel_path: rel, fd_tag: tag }, cancel).await {
+                    Ok(FilesReply::Opened { size, name }) => (size, name),
+                    Ok(FilesReply::Refused { reason }) => {
+                        return bad_args(
+                            format!("execution.input_file cannot be uploaded: {reason}"),
+                            "Give a regular file inside SNOWLUMA_MCP_UPLOAD_ROOT, reached without symbolic links.",
+                        );
+                    }
+                    Ok(_) => return ToolReply::fail(FailureKind::Execution, "unexpected answer to an upload open"),
+                    Err(r) => return r,
+                };
+            let ntag = match relay_fd(files, network, tag, cancel).await {
+                Ok(t) => t,
+                Err(r) => return r,
+            };
+            exec.transfer = Some(Transfer::Upload {
+                fd_tag: ntag,
+                size,
+                filename: filename.unwrap_or(name),
+                chunk_bytes: UPLOAD_CHUNK_BYTES,
+            });
+            match network.call(Request::Execute(exec), cancel, progress).await {
+                Ok(Reply::Tool(t)) => t,
+                Ok(_) => ToolReply::fail(FailureKind::Execution, "the network executor answered unexpectedly"),
+                Err(e) => call_error_reply(e, true),
+            }
+        }
+        Plan::Download => {
+            let max = server.config().max_stream_bytes;
+            let quota = max.saturating_mul(2);
+            let used = match files_call(files, FilesRequest::DownloadUsage, cancel).await {
+                Ok(FilesReply::Usage { bytes }) => bytes,
+                Ok(FilesReply::Refused { reason }) => return ToolReply::fail(FailureKind::Execution, reason),
+                Ok(_) => return ToolReply::fail(FailureKind::Execution, "unexpected answer to a usage query"),
+                Err(r) => return r,
+            };
+            let limit = {
+                let Ok(mut reserved) = server.reserved.lock() else {
+                    return ToolReply::fail(FailureKind::Execution, "quota accounting is unavailable");
+                };
+                let limit = quota.saturating_sub(used).saturating_sub(*reserved).min(max);
+                if limit == 0 {
+                    return ToolReply::error(
+                        Diagnostics::failed(
+                            FailureKind::Execution,
+                            format!("the download directory quota ({quota} bytes, twice SNOWLUMA_MCP_MAX_STREAM_BYTES) is used up"),
+                        )
+                        .with_next_step("Move or delete earlier downloads from the download directory."),
+                    );
+                }
+                *reserved += limit;
+                limit
+            };
+            let _reservation = Reservation { server, bytes: limit };
+            let tag = random_tag();
+            let token = match files_call(files, FilesRequest::CreateDownload { fd_tag: tag }, cancel).await {
+                Ok(FilesReply::Created { token }) => token,
+                Ok(FilesReply::Refused { reason }) => return ToolReply::fail(FailureKind::Execution, reason),
+                Ok(_) => return ToolReply::fail(FailureKind::Execution, "unexpected answer to a download create"),
+                Err(r) => return r,
+            };
+            // Cleanup runs even when the call itself was cancelled.
+            let cleanup = CancellationToken::new();
+            let abort = |token: String| async move {
+                let _ = files_call(files, FilesRequest::AbortDownload { token }, &cleanup).await;
+            };
+            let ntag = match relay_fd(files, network, tag, cancel).await {
+                Ok(t) => t,
+                Err(r) => {
+                    abort(token).await;
+                    return r;
+                }
+            };
+            exec.transfer = Some(Transfer::Download { fd_tag: ntag, limit_bytes: limit });
+            let reply = match network.call(Request::Execute(exec), cancel, progress).await {
+                Ok(Reply::Tool(t)) => t,
+                Ok(_) => ToolReply::fail(FailureKind::Execution, "the network executor answered unexpectedly"),
+                Err(e) => call_error_reply(e, false),
+            };
+            if reply.is_error {
+                abort(token).await;
+                return reply;
+            }
+            let result = reply.result.as_ref().and_then(|t| t.parse().ok()).unwrap_or(Value::Null);
+            let (Some(name), Some(size)) =
+                (result.get("file_name").and_then(Value::as_str), result.get("file_size").and_then(Value::as_u64))
+            else {
+                abort(token).await;
+                return ToolReply::fail(FailureKind::Execution, "the network executor's download report is incomplete");
+            };
+            let commit = FilesRequest::CommitDownload { token: token.clone(), file_name: name.to_owned(), size };
+            match files_call(files, commit, &CancellationToken::new()).await {
+                Ok(FilesReply::Committed { file_name }) => {
+                    let dir = server.paths.download_dir.clone().unwrap_or_default();
+                    let out = json!({
+                        "file_path": dir.join(file_name).display().to_string(),
+                        "file_size": size,
+                        "sha256": result.get("sha256").cloned().unwrap_or(Value::Null),
+                        "frame_count": result.get("frame_count").cloned().unwrap_or(Value::Null),
+                        "terminal": result.get("terminal").cloned().unwrap_or(Value::Null),
+                    });
+                    ToolReply::with_diagnostics(&out, reply.diagnostics)
+                }
+                Ok(FilesReply::Refused { reason }) => {
+                    ToolReply::fail(FailureKind::Execution, format!("the download could not be saved: {reason}"))
+                }
+                Ok(_) => ToolReply::fail(FailureKind::Execution, "unexpected answer to a download commit"),
+                Err(r) => {
+                    abort(token).await;
+                    r
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_paths_stay_inside_the_root() {
+        let root = Path::new("/srv/up");
+        let canon = Path::new("/data/up");
+        assert_eq!(relative_to_root("/srv/up/a/b.txt", root, canon).unwrap(), "a/b.txt");
+        assert_eq!(relative_to_root("/data/up/./c", root, canon).unwrap(), "c");
+        assert!(relative_to_root("/srv/up/../etc/passwd", root, canon).is_err());
+        assert!(relative_to_root("/etc/passwd", root, canon).is_err());
+        assert!(relative_to_root("up/a", root, canon).is_err());
+        assert!(relative_to_root("/srv/up", root, canon).is_err());
+        assert!(relative_to_root("/srv/upper/x", root, canon).is_err());
+    }
+}

@@ -1,0 +1,416 @@
+//! File transfers in the network executor: downloads written into a file
+//! the file-transfer worker created, and automatic uploads read from a file
+//! it opened. Both files arrive as descriptors; this process has no paths.
+//!
+//! Downloads: the first frame must be `file_info`; every `file_chunk` must
+//! carry the next index and canonical base64 whose decoded length matches
+//! `size`; running totals stay within the declared size and the limit; the
+//! terminal `file_complete` must match the bytes and chunks received. The
+//! SHA-256 is computed as bytes are written; the file is fsynced before the
+//! success reply, and the supervisor then has it committed (renamed).
+//!
+//! Uploads: `upload_file_stream` chunks of `chunk_bytes`, each acknowledged
+//! (`chunk_received`), then a completion with the expected SHA-256 that the
+//! server must confirm (`file_complete`, size, hash, `file_path`). The file's
+//! size and mtime are re-checked after reading. Any failure after the first
+//! request, including cancellation, sends a best-effort `reset` with its own
+//! short timeout.
+
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use snowluma_proto::{Diagnostics, ExecRequest, FailureKind, Progress, ToolReply};
+
+use crate::network::{FrameSplitter, MAX_FRAME_BYTES, Net, frame_failure, request, reqwest_failure, transport_failure};
+use crate::serve::Ctx;
+
+/// Most file chunks a download may have (as SnowLuma's own limit).
+pub const MAX_FILE_CHUNKS: u64 = 200_000;
+/// Timeout of the best-effort reset after a failed upload.
+pub const RESET_TIMEOUT: Duration = Duration::from_secs(5);
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn invalid(req: &ExecRequest, msg: impl Into<String>) -> ToolReply {
+    transport_failure(FailureKind::InvalidResponse, msg.into(), req.write, true)
+}
+
+fn progress(ctx: &Ctx, enabled: bool, done: u64, total: Option<u64>) {
+    if enabled {
+        ctx.progress(Progress { progress: done as f64, total: total.map(|t| t as f64), message: None });
+    }
+}
+
+struct DownloadState {
+    info: Option<(String, u64)>,
+    chunks: u64,
+    bytes: u64,
+    hasher: Sha256,
+    terminal: Option<Value>,
+}
+
+pub(crate) async fn download(
+    net: &Net,
+    req: &ExecRequest,
+    params: Value,
+    mut file: std::fs::File,
+    limit: u64,
+    ctx: &Ctx,
+) -> ToolReply {
+    let send = tokio::time::timeout(net.timeout, request(net, req, params).send()).await;
+    let mut resp = match send {
+        Err(_) => {
+            return transport_failure(
+                FailureKind::Timeout,
+                "SnowLuma did not start the download in time".into(),
+                req.write,
+                true,
+            );
+        }
+        Ok(Err(e)) => return reqwest_failure(&e, req.write, "download request"),
+        Ok(Ok(r)) => r,
+    };
+    if !resp.status().is_success() {
+        return invalid(req, format!("SnowLuma answered the download with HTTP {}", resp.status().as_u16()));
+    }
+    let mut st = DownloadState { info: None, chunks: 0, bytes: 0, hasher: Sha256::new(), terminal: None };
+    let mut splitter = FrameSplitter::default();
+    let mut frame = |raw: Vec<u8>, st: &mut DownloadState| -> Result<(), ToolReply> {
+        let f: Value = serde_json::from_slice(&raw).map_err(|_| invalid(req, "a download frame is not JSON"))?;
+        if st.terminal.is_some() {
+            return Err(invalid(req, "SnowLuma sent a frame after file_complete"));
+        }
+        if let Some(why) = frame_failure(&f) {
+            return Err(ToolReply::error(
+                Diagnostics::failed(FailureKind::BusinessFailure, format!("download failed: {why}"))
+                    .with_next_step("Check the file or file_id (see get_action download_file_stream)."),
+            ));
+        }
+        let data = f.get("data").cloned().unwrap_or(Value::Null);
+        let kind = data.get("data_type").and_then(Value::as_str).unwrap_or("");
+        if st.info.is_none() && kind != "file_info" {
+            return Err(invalid(req, "the first download frame is not file_info"));
+        }
+        match kind {
+            "file_info" => {
+                if st.info.is_some() {
+                    return Err(invalid(req, "a second file_info frame"));
+                }
+                let size = data.get("file_size").and_then(Value::as_u64).unwrap_or(0);
+                let chunk = data.get("chunk_size").and_then(Value::as_u64).unwrap_or(0);
+                if size > limit {
+                    return Err(ToolReply::error(Diagnostics::failed(
+                        FailureKind::Execution,
+                        format!(
+                            "the file's declared size ({size} bytes) exceeds the allowed {limit} bytes (per-file limit or download quota)"
+                        ),
+                    )));
+                }
+                if size > 0 && chunk > 0 && size.div_ceil(chunk) > MAX_FILE_CHUNKS {
+                    return Err(invalid(req, format!("the download would need more than {MAX_FILE_CHUNKS} chunks")));
+                }
+                let name = data.get("file_name").and_then(Value::as_str).unwrap_or("download").to_owned();
+                st.info = Some((name, size));
+                progress(ctx, true, 0, (size > 0).then_some(size));
+            }
+            "file_chunk" => {
+                let declared = st.info.as_ref().map(|i| i.1).unwrap_or(0);
+                if data.get("index").and_then(Value::as_u64) != Some(st.chunks) {
+                    return Err(invalid(req, format!("chunk index out of order (expected {})", st.chunks)));
+                }
+                let text =
+                    data.get("data").and_then(Value::as_str).ok_or_else(|| invalid(req, "a chunk without data"))?;
+                let bytes = STANDARD.decode(text).map_err(|_| invalid(req, "a chunk is not canonical base64"))?;
+                if let Some(size) = data.get("size").and_then(Value::as_u64)
+                    && size != bytes.len() as u64
+                {
+                    return Err(invalid(req, "a chunk's size does not match its data"));
+                }
+                let total = st.bytes + bytes.len() as u64;
+                if total > limit {
+                    return Err(ToolReply::error(Diagnostics::failed(
+                        FailureKind::Execution,
+                        format!("the download exceeds the allowed {limit} bytes"),
+                    )));
+                }
+                if declared > 0 && total > declared {
+                    return Err(invalid(req, "SnowLuma sent more bytes than the declared file size"));
+                }
+                if st.chunks + 1 > MAX_FILE_CHUNKS {
+                    return Err(invalid(req, format!("more than {MAX_FILE_CHUNKS} chunks")));
+                }
+                file.write_all(&bytes).map_err(|e| {
+                    ToolReply::fail(FailureKind::Execution, format!("cannot write the download file: {e}"))
+                })?;
+                st.hasher.update(&bytes);
+                st.bytes = total;
+                st.chunks += 1;
+                progress(ctx, req.progress, st.bytes, (declared > 0).then_some(declared));
+            }
+            "file_complete" => {
+                let declared = st.info.as_ref().map(|i| i.1).unwrap_or(0);
+                if data.get("total_bytes").and_then(Value::as_u64) != Some(st.bytes) {
+                    return Err(invalid(req, "file_complete does not match the bytes received"));
+                }
+                if let Some(n) = data.get("total_chunks").and_then(Value::as_u64)
+                    && n != st.chunks
+                {
+                    return Err(invalid(req, "file_complete does not match the chunks received"));
+                }
+                if declared > 0 && st.bytes != declared {
+                    return Err(invalid(req, "the file is shorter than its declared size"));
+                }
+                st.terminal = Some(f);
+            }
+            other => return Err(invalid(req, format!("unexpected download frame {other:?}"))),
+        }
+        Ok(())
+    };
+    loop {
+        let chunk = match tokio::time::timeout(net.timeout, resp.chunk()).await {
+            Err(_) => {
+                return transport_failure(
+                    FailureKind::Timeout,
+                    "the download was idle for too long".into(),
+                    req.write,
+                    true,
+                );
+            }
+            Ok(Err(e)) => return reqwest_failure(&e, req.write, "reading the download"),
+            Ok(Ok(None)) => break,
+            Ok(Ok(Some(c))) => c,
+        };
+        let ready = match splitter.push(&chunk, MAX_FRAME_BYTES) {
+            Ok(f) => f,
+            Err(m) => return invalid(req, m),
+        };
+        for raw in ready {
+            if let Err(r) = frame(raw, &mut st) {
+                return r;
+            }
+        }
+    }
+    if let Some(rest) = splitter.finish()
+        && let Err(r) = frame(rest, &mut st)
+    {
+        return r;
+    }
+    let (Some(terminal), Some((name, _))) = (st.terminal.take(), st.info.take()) else {
+        return invalid(req, "the download ended before file_complete");
+    };
+    if let Err(e) = file.sync_all() {
+        return ToolReply::fail(FailureKind::Execution, format!("cannot flush the download file: {e}"));
+    }
+    let sha = hex(&st.hasher.finalize());
+    let result = json!({
+        "file_name": name,
+        "file_size": st.bytes,
+        "sha256": sha,
+        "frame_count": st.chunks + 2,
+        "terminal": terminal,
+    });
+    ToolReply::ok(&result)
+}
+
+fn uuid_like() -> String {
+    let mut b = [0u8; 16];
+    loop {
+        // SAFETY: getrandom writes at most 16 bytes into `b`, which we own.
+        if unsafe { nix::libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) } == 16 {
+            break;
+        }
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex(&b);
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+/// One upload request: exactly one frame back.
+async fn post_single(net: &Net, req: &ExecRequest, params: Value, timeout: Duration) -> Result<Value, ToolReply> {
+    let send = async {
+        let resp = request(net, req, params).send().await.map_err(|e| reqwest_failure(&e, true, "upload request"))?;
+        if !resp.status().is_success() {
+            return Err(invalid(
+                req,
+                format!("SnowLuma answered an upload request with HTTP {}", resp.status().as_u16()),
+            ));
+        }
+        let body = resp.bytes().await.map_err(|e| reqwest_failure(&e, true, "reading an upload answer"))?;
+        let mut s = FrameSplitter::default();
+        let mut frames = s.push(&body, MAX_FRAME_BYTES).map_err(|m| invalid(req, m))?;
+        frames.extend(s.finish());
+        let first = frames.into_iter().next().ok_or_else(|| invalid(req, "an empty upload answer"))?;
+        serde_json::from_slice::<Value>(&first).map_err(|_| invalid(req, "an upload answer is not JSON"))
+    };
+    match tokio::time::timeout(timeout, send).await {
+        Ok(r) => r,
+        Err(_) => Err(transport_failure(
+            FailureKind::Timeout,
+            "SnowLuma did not answer an upload request in time".into(),
+            true,
+            true,
+        )),
+    }
+}
+
+fn with_fields(base: &Map<String, Value>, fields: Value) -> Value {
+    let mut m = base.clone();
+    if let Value::Object(f) = fields {
+        m.extend(f);
+    }
+    Value::Object(m)
+}
+
+fn mtime(meta: &std::fs::Metadata) -> Option<SystemTime> {
+    meta.modified().ok()
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn upload(
+    net: &Net,
+    req: &ExecRequest,
+    params: Value,
+    file: std::fs::File,
+    size: u64,
+    filename: String,
+    chunk_bytes: u64,
+    ctx: &Ctx,
+) -> ToolReply {
+    let base = match params {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    let stream_id = uuid_like();
+    let contacted = AtomicBool::new(false);
+    let inner = upload_inner(net, req, &base, &file, size, &filename, chunk_bytes.max(1), &stream_id, &contacted, ctx);
+    let outcome = tokio::select! {
+        r = inner => r,
+        _ = ctx.cancel.cancelled() => Err(crate::network::cancelled(true)),
+    };
+    match outcome {
+        Ok(reply) => reply,
+        Err(mut failure) if contacted.load(Ordering::Relaxed) => {
+            // Best effort, with its own short timeout, whatever went wrong.
+            let reset = post_single(net, req, json!({"stream_id": stream_id, "reset": true}), RESET_TIMEOUT).await;
+            let note = match reset {
+                Ok(frame)
+                    if frame_failure(&frame).is_some_and(|w| w.contains("reset"))
+                        || frame_failure(&frame).is_none() =>
+                {
+                    "the remote upload stream was reset".to_owned()
+                }
+                Ok(frame) => {
+                    format!("resetting the remote upload stream failed: {}", frame_failure(&frame).unwrap_or_default())
+                }
+                Err(r) => {
+                    format!("resetting the remote upload stream failed: {}", r.diagnostics.message.unwrap_or_default())
+                }
+            };
+            if let Some(m) = failure.diagnostics.message.as_mut() {
+                m.push_str(&format!(" ({note})"));
+            }
+            failure
+        }
+        Err(failure) => failure,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn upload_inner(
+    net: &Net,
+    req: &ExecRequest,
+    base: &Map<String, Value>,
+    file: &std::fs::File,
+    size: u64,
+    filename: &str,
+    chunk_bytes: u64,
+    stream_id: &str,
+    contacted: &AtomicBool,
+    ctx: &Ctx,
+) -> Result<ToolReply, ToolReply> {
+    let fail = |m: String| ToolReply::fail(FailureKind::Execution, m);
+    let before = file.metadata().map_err(|e| fail(format!("cannot stat the input file: {e}")))?;
+    if before.len() != size {
+        return Err(fail("the input file changed before the upload started".into()));
+    }
+    let total_chunks = size.div_ceil(chunk_bytes).max(1);
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; usize::try_from(chunk_bytes.min(size.max(1))).unwrap_or(512 * 1024)];
+    let mut sent = 0u64;
+    for index in 0..total_chunks {
+        let len = usize::try_from((size - sent).min(chunk_bytes)).map_err(|_| fail("chunk too large".into()))?;
+        let chunk = &mut buf[..len];
+        file.read_exact_at(chunk, sent).map_err(|e| fail(format!("cannot read the input file: {e}")))?;
+        hasher.update(&*chunk);
+        let body = with_fields(
+            base,
+            json!({
+                "stream_id": stream_id,
+                "chunk_data": STANDARD.encode(&*chunk),
+                "chunk_index": index,
+                "total_chunks": total_chunks,
+                "file_size": size,
+                "filename": filename,
+            }),
+        );
+        contacted.store(true, Ordering::Relaxed);
+        let frame = post_single(net, req, body, net.timeout).await?;
+        if let Some(why) = frame_failure(&frame) {
+            return Err(ToolReply::error(Diagnostics::failed(
+                FailureKind::BusinessFailure,
+                format!("SnowLuma refused chunk {index}: {why}"),
+            )));
+        }
+        if frame.pointer("/data/status").and_then(Value::as_str) != Some("chunk_received") {
+            return Err(invalid(req, format!("chunk {index} was not acknowledged")));
+        }
+        sent += len as u64;
+        progress(ctx, req.progress, sent, (size > 0).then_some(size));
+    }
+    let after = file.metadata().map_err(|e| fail(format!("cannot stat the input file: {e}")))?;
+    if after.len() != before.len() || mtime(&after) != mtime(&before) {
+        return Err(fail("the input file changed while it was being uploaded".into()));
+    }
+    let sha = hex(&hasher.finalize());
+    let body = with_fields(
+        base,
+        json!({
+            "stream_id": stream_id,
+            "total_chunks": total_chunks,
+            "file_size": size,
+            "expected_sha256": sha,
+            "is_complete": true,
+            "filename": filename,
+        }),
+    );
+    let terminal = post_single(net, req, body, net.timeout).await?;
+    if let Some(why) = frame_failure(&terminal) {
+        return Err(ToolReply::error(Diagnostics::failed(
+            FailureKind::BusinessFailure,
+            format!("SnowLuma refused to complete the upload: {why}"),
+        )));
+    }
+    let data = terminal.get("data").cloned().unwrap_or(Value::Null);
+    let confirmed = data.get("status").and_then(Value::as_str) == Some("file_complete")
+        && data.get("file_size").and_then(Value::as_u64) == Some(size)
+        && data.get("sha256").and_then(Value::as_str).map(str::to_ascii_lowercase) == Some(sha.clone());
+    let Some(file_path) = data.get("file_path").and_then(Value::as_str).filter(|_| confirmed) else {
+        return Err(invalid(req, "SnowLuma did not confirm the completed file (status, size, sha256 and file_path)"));
+    };
+    Ok(ToolReply::ok(&json!({
+        "file_path": file_path,
+        "file_size": size,
+        "sha256": sha,
+        "chunk_count": total_chunks,
+        "stream_id": stream_id,
+        "terminal": terminal,
+    })))
+}
