@@ -286,3 +286,27 @@ impl Fake {
         Fake { fake, rt }
     }
 }
+
+/// CPU time (user + system) of a process and its live children, in seconds.
+pub fn process_tree_cpu_secs(pid: u32) -> f64 {
+    let ticks = |p: &str| -> f64 {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+                Some(rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?)
+            })
+            .unwrap_or(0.0)
+    };
+    let mut total = ticks(&pid.to_string());
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
+                for c in children.split_whitespace() {
+                    total += ticks(c);
+                }
+            }
+        }
+    }
+    total / 100.0
+}

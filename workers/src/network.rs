@@ -377,6 +377,10 @@ async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>,
 #[derive(Default)]
 pub struct FrameSplitter {
     buf: Vec<u8>,
+    /// Bytes of `buf` already searched for a separator (minus 3, so that a
+    /// separator split across two pushes is still found): each byte is
+    /// scanned once, not once per push.
+    scanned: usize,
 }
 
 impl FrameSplitter {
@@ -385,7 +389,7 @@ impl FrameSplitter {
         self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
         let mut start = 0;
-        let mut search_from = 0;
+        let mut search_from = self.scanned;
         while let Some(pos) = find(&self.buf[search_from..], b"\r\n\r\n").map(|p| p + search_from) {
             let frame = &self.buf[start..pos];
             if !frame.iter().all(u8::is_ascii_whitespace) {
@@ -395,6 +399,7 @@ impl FrameSplitter {
             search_from = start;
         }
         self.buf.drain(..start);
+        self.scanned = self.buf.len().saturating_sub(3);
         if self.buf.len() > max {
             return Err(format!("a stream frame exceeds {max} bytes"));
         }
@@ -407,8 +412,22 @@ impl FrameSplitter {
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+fn find(hay: &[u8], needle: &[u8; 4]) -> Option<usize> {
+    // Look for the separator's last byte with a fast byte scan, then check.
+    let mut i = 3;
+    while i < hay.len() {
+        match hay[i..].iter().position(|b| *b == needle[3]) {
+            None => return None,
+            Some(off) => {
+                let end = i + off;
+                if hay[end - 3..=end] == needle[..] {
+                    return Some(end - 3);
+                }
+                i = end + 1;
+            }
+        }
+    }
+    None
 }
 
 pub(crate) fn frame_failure(frame: &Value) -> Option<String> {

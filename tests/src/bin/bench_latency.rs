@@ -38,31 +38,6 @@ fn direct_call(conn: &mut BufReader<TcpStream>, host: &str) {
     assert!(buf.starts_with(b"{"));
 }
 
-/// CPU time (user + system) of a process and its live children, in µs.
-fn process_tree_cpu_us(pid: u32) -> f64 {
-    let ticks = |p: &str| -> f64 {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|s| {
-                let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
-                Some(rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?)
-            })
-            .unwrap_or(0.0)
-    };
-    let hz = 100.0;
-    let mut total = ticks(&pid.to_string());
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
-                for c in children.split_whitespace() {
-                    total += ticks(c);
-                }
-            }
-        }
-    }
-    total / hz * 1e6
-}
-
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -168,7 +143,7 @@ fn main() {
         done += 1;
     }
     let mcp_tput = total as f64 / t.elapsed().as_secs_f64();
-    let cpu_us = process_tree_cpu_us(child.id());
+    let cpu_us = snowluma_e2e::process_tree_cpu_secs(child.id()) * 1e6;
     let calls = (200 + n + total) as f64;
     drop(stdin);
     let _ = child.wait();
