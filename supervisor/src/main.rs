@@ -3,6 +3,8 @@
 
 mod audit;
 mod config;
+mod confine;
+mod doctor;
 mod policy;
 mod runtime;
 mod server;
@@ -42,9 +44,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         };
         init_tracing(args.get(3).map(String::as_str).unwrap_or("info"));
-        return snowluma_workers::worker_main(role);
+        return snowluma_workers::worker_main(role, args.get(4..).unwrap_or_default());
+    }
+    if args.get(1).map(String::as_str) == Some(doctor::PROBE_ARG) {
+        // Escape probe (doctor and tests only): confine as a role, try one
+        // forbidden operation, report.
+        return doctor::probe_main(args.get(2..).unwrap_or_default());
     }
     let cli = Cli::parse();
+    if let Some(config::Command::Doctor { json }) = &cli.command {
+        return doctor::run(*json);
+    }
     if let Some(config::Command::Audit { action: config::AuditCommand::Verify { path } }) = &cli.command {
         return match audit::verify(path) {
             Ok(n) => {
@@ -100,6 +110,42 @@ fn main() -> ExitCode {
     if config.task_dir.is_some() {
         tracing::warn!("SNOWLUMA_MCP_TASK_DIR is set, but persistent tasks are not part of this build; ignoring it");
     }
+    // Confinement, before the runtime exists (Landlock restricts the calling
+    // thread and its future children only).
+    let support = confine::Support::detect();
+    let degraded_ok = match confine::gate(config.mode, support, confine::opt_out_from_env()) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("snowluma-mcp: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let grants = confine::WorkerGrants::from_config(&config, degraded_ok);
+    let supervisor_report = match confine::confine_supervisor(&grants.network_ports) {
+        Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => Some(r),
+        Ok(r) => {
+            eprintln!(
+                "snowluma-mcp: the supervisor's Landlock domain is {}; set {}=1 to run anyway",
+                r.landlock.status.as_str(),
+                confine::ALLOW_UNCONFINED_VAR
+            );
+            return ExitCode::from(2);
+        }
+        Err(e) if degraded_ok => {
+            tracing::warn!(error = %e, "the supervisor could not confine itself; continuing ({})", confine::ALLOW_UNCONFINED_VAR);
+            None
+        }
+        Err(e) => {
+            eprintln!("snowluma-mcp: the supervisor cannot confine itself: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let roles: Vec<Role> = if config.endpoint.is_some() && config.mode.executes() {
+        vec![Role::Catalog, Role::Network]
+    } else {
+        vec![Role::Catalog]
+    };
+    confine::record(support, supervisor_report.as_ref(), degraded_ok, &roles);
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -107,7 +153,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(config, policy, audit)) {
+    match rt.block_on(run(config, policy, audit, grants)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server stopped with an error");
@@ -130,9 +176,10 @@ async fn run(
     config: Config,
     policy: policy::Policy,
     audit: Option<audit::AuditLog>,
+    grants: confine::WorkerGrants,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let exe = Arc::new(SelfExe::open()?);
-    let spec = Arc::new(SpawnSpec { exe, log_filter: config.log.clone() });
+    let spec = Arc::new(SpawnSpec { exe, log_filter: config.log.clone(), grants });
     let catalog = WorkerSlot::start(Role::Catalog, WorkerConfig::Catalog { denied: policy.denied() }, spec.clone());
     let network = match (&config.endpoint, config.mode.executes()) {
         (Some(endpoint), true) => Some(WorkerSlot::start(
