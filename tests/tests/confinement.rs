@@ -57,7 +57,9 @@ fn doctor_blocks_every_escape_probe_for_every_role() {
 
 #[test]
 fn a_probe_that_makes_a_forbidden_syscall_is_killed_by_sigsys() {
-    for (role, probe) in [("catalog", "new-socket"), ("catalog", "exec-shell"), ("network", "read-etc-passwd")] {
+    for (role, probe) in
+        [("catalog", "new-socket"), ("catalog", "exec-shell"), ("network", "exec-shell"), ("files", "new-socket")]
+    {
         let out =
             Command::new(bin_path()).args(["__snowluma-probe", role, probe, "ports=9"]).env_clear().output().unwrap();
         assert_eq!(out.status.signal(), Some(nix::libc::SIGSYS), "{role} {probe}: {:?}", out.status);
@@ -175,4 +177,19 @@ fn a_worker_killed_by_sigsys_is_reported_and_the_supervisor_keeps_serving() {
     let r = s.call("list_categories", json!({}));
     assert!(!is_error(&r), "{r}");
     assert_ne!(s.wait_worker("catalog"), pid);
+}
+
+#[test]
+fn a_hostname_endpoint_fails_cleanly_without_killing_the_executor() {
+    // The executor can neither read /etc nor send UDP, so it cannot resolve
+    // names: the call fails as a transport error and the worker survives.
+    let mut s = Mcp::spawn(&[("SNOWLUMA_MCP_ENDPOINT", "http://localhost:9/")]);
+    s.initialize("2025-11-25");
+    let r = s.call("query_action", json!({"action": "get_status"}));
+    assert_eq!(structured(&r)["diagnostics"]["kind"], "transport", "{r}");
+    let pid = s.wait_worker("network");
+    let r = s.call("query_action", json!({"action": "get_status"}));
+    assert_eq!(structured(&r)["diagnostics"]["kind"], "transport", "{r}");
+    assert_eq!(s.wait_worker("network"), pid, "the executor was restarted");
+    assert!(!s.stderr_text().contains("SIGSYS"), "{}", s.stderr_text());
 }

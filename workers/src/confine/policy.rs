@@ -20,6 +20,8 @@ use snowluma_proto::Role;
 pub enum Cmp {
     /// `arg == value`
     Eq(u8, u64),
+    /// `arg != value`
+    Ne(u8, u64),
     /// `arg & mask == value`
     Masked(u8, u64, u64),
 }
@@ -93,8 +95,10 @@ pub const BASE: &[Allow] = &[
     any("getpid", libc::SYS_getpid),
     any("exit", libc::SYS_exit),
     any("exit_group", libc::SYS_exit_group),
-    // abort(): raise(SIGABRT) to this process only (arg 0 is filled in with
-    // our own pid when the filter is built; see seccomp.rs).
+    // abort(): glibc's raise(SIGABRT) asks gettid, then tgkill to this
+    // process only (arg 0 is filled in with our own pid when the filter is
+    // built; see seccomp.rs).
+    any("gettid", libc::SYS_gettid),
     only("tgkill", libc::SYS_tgkill, &[&[Cmp::Eq(0, SELF_PID)]]),
 ];
 
@@ -109,14 +113,10 @@ pub const CATALOG: &[Allow] = &[];
 /// I/O on regular files it receives over SCM_RIGHTS from the file-transfer
 /// worker (it opens no file itself).
 pub const NETWORK: &[Allow] = &[
-    only(
-        "socket",
-        libc::SYS_socket,
-        &[
-            &[Cmp::Eq(0, libc::AF_INET as u64), Cmp::Masked(1, SOCK_TYPE_MASK, libc::SOCK_STREAM as u64)],
-            &[Cmp::Eq(0, libc::AF_INET6 as u64), Cmp::Masked(1, SOCK_TYPE_MASK, libc::SOCK_STREAM as u64)],
-        ],
-    ),
+    // Only AF_INET/AF_INET6 stream sockets: every other kind is refused
+    // with EACCES by NETWORK_REFUSED (so a resolver that tries UDP or a unix
+    // socket for a hostname fails cleanly instead of killing the worker).
+    any("socket", libc::SYS_socket),
     any("connect", libc::SYS_connect),
     // SO_ERROR after a non-blocking connect.
     only("getsockopt", libc::SYS_getsockopt, &[&[Cmp::Eq(1, libc::SOL_SOCKET as u64)]]),
@@ -149,11 +149,12 @@ pub const NETWORK: &[Allow] = &[
     any("clone3", libc::SYS_clone3),
     any("set_robust_list", libc::SYS_set_robust_list),
     any("rseq", libc::SYS_rseq),
-    any("gettid", libc::SYS_gettid),
     any("sched_yield", libc::SYS_sched_yield),
     any("sched_getaffinity", libc::SYS_sched_getaffinity),
     any("clock_nanosleep", libc::SYS_clock_nanosleep),
     any("nanosleep", libc::SYS_nanosleep),
+    // The resolver (hostname endpoints) asks for the host name.
+    any("uname", libc::SYS_uname),
     // std names its threads (PR_SET_NAME) and nothing else.
     only("prctl", libc::SYS_prctl, &[&[Cmp::Eq(0, libc::PR_SET_NAME as u64)]]),
 ];
@@ -204,17 +205,71 @@ pub fn extra(role: Role) -> &'static [Allow] {
     }
 }
 
-/// System calls answered `ENOSYS` instead of allowed or killed, so that libc
-/// falls back to an older call the allow-list can check (clone3's flags sit
-/// in memory, where seccomp cannot read them).
-pub fn enosys(role: Role) -> &'static [Allow] {
+/// System calls answered with an error instead of allowed or killed, each
+/// list with its errno: `ENOSYS` so that libc falls back to an older call
+/// the allow-list can check (clone3's flags sit in memory, where seccomp
+/// cannot read them); `EACCES` for calls that are refused but that library
+/// code may try on a normal path (a resolver's UDP socket).
+pub fn refused(role: Role) -> &'static [(i32, &'static [Allow])] {
     match role {
-        Role::Network => NETWORK_ENOSYS,
+        Role::Network => &[(libc::ENOSYS, NETWORK_ENOSYS), (libc::EACCES, NETWORK_REFUSED)],
         _ => &[],
     }
 }
 
 const NETWORK_ENOSYS: &[Allow] = &[any("clone3", libc::SYS_clone3)];
+
+const fn sock_type(t: u64) -> &'static [Cmp] {
+    match t {
+        0 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 0)],
+        2 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 2)],
+        3 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 3)],
+        4 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 4)],
+        5 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 5)],
+        6 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 6)],
+        7 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 7)],
+        8 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 8)],
+        9 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 9)],
+        10 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 10)],
+        11 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 11)],
+        12 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 12)],
+        13 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 13)],
+        14 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 14)],
+        _ => &[Cmp::Masked(1, SOCK_TYPE_MASK, 15)],
+    }
+}
+
+/// Calls the network executor may not make but that a name resolver makes
+/// on its normal path (a hostname endpoint): opening and stat-ing files (`/etc/hosts`,
+/// `/etc/resolv.conf`, which Landlock would refuse anyway) and sockets of
+/// any domain but AF_INET/AF_INET6 or any type but SOCK_STREAM. Refusing
+/// them with EACCES turns a hostname into a clean connection error.
+const NETWORK_REFUSED: &[Allow] = &[
+    any("openat", libc::SYS_openat),
+    any("newfstatat", libc::SYS_newfstatat),
+    only(
+        "socket",
+        libc::SYS_socket,
+        &[
+            &[Cmp::Ne(0, libc::AF_INET as u64), Cmp::Ne(0, libc::AF_INET6 as u64)],
+            sock_type(0),
+            sock_type(2),
+            sock_type(3),
+            sock_type(4),
+            sock_type(5),
+            sock_type(6),
+            sock_type(7),
+            sock_type(8),
+            sock_type(9),
+            sock_type(10),
+            sock_type(11),
+            sock_type(12),
+            sock_type(13),
+            sock_type(14),
+            sock_type(15),
+        ],
+    ),
+];
 
 /// Descriptors a role keeps open past startup (beyond stdin, stdout, stderr
 /// and the IPC socket on 3). Everything else is closed.

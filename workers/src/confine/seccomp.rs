@@ -4,8 +4,8 @@
 //!
 //! Mismatch kills the whole process (`SECCOMP_RET_KILL_PROCESS`, seen by the
 //! supervisor as death by `SIGSYS`). A second, smaller filter answers a few
-//! calls with `ENOSYS` (see [`super::policy::enosys`]); when filters stack the
-//! kernel takes the most restrictive verdict, so `ENOSYS` beats the first
+//! calls with an errno (see [`super::policy::refused`]); when filters stack the
+//! kernel takes the most restrictive verdict, so an errno beats the first
 //! filter's allow.
 
 use std::collections::BTreeMap;
@@ -41,6 +41,7 @@ fn condition(c: Cmp, self_pid: u64) -> Result<SeccompCondition, SeccompError> {
     let fill = |v: u64| if v == policy::SELF_PID { self_pid } else { v };
     Ok(match c {
         Cmp::Eq(arg, v) => SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, fill(v))?,
+        Cmp::Ne(arg, v) => SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::Ne, fill(v))?,
         Cmp::Masked(arg, mask, v) => {
             SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(mask), v)?
         }
@@ -68,19 +69,26 @@ fn rules(allows: &[&Allow], self_pid: u64) -> Result<BTreeMap<i64, Vec<SeccompRu
     Ok(map)
 }
 
-/// The compiled filters of a role: the allow-list, then the ENOSYS list (if any).
+/// The compiled filters of a role: the allow-list, then one per errno list.
 pub fn compile(role: Role, mismatch: SeccompAction) -> Result<Vec<BpfProgram>, SeccompError> {
     let arch = arch()?;
     let self_pid = u64::from(std::process::id());
-    let allows: Vec<&Allow> = policy::BASE.iter().chain(policy::extra(role)).collect();
+    // Calls refused with an errno must pass the allow-list filter (a kill
+    // there would win); the errno filter then answers them.
+    let passed: Vec<Allow> = policy::refused(role)
+        .iter()
+        .flat_map(|(_, list)| list.iter())
+        .map(|a| Allow { name: a.name, nr: a.nr, when: &[] })
+        .collect();
+    let allows: Vec<&Allow> = policy::BASE.iter().chain(policy::extra(role)).chain(passed.iter()).collect();
     let allow = SeccompFilter::new(rules(&allows, self_pid)?, mismatch, SeccompAction::Allow, arch)?;
     let mut out = vec![BpfProgram::try_from(allow)?];
-    let enosys: Vec<&Allow> = policy::enosys(role).iter().collect();
-    if !enosys.is_empty() {
+    for (errno, list) in policy::refused(role) {
+        let list: Vec<&Allow> = list.iter().collect();
         let f = SeccompFilter::new(
-            rules(&enosys, self_pid)?,
+            rules(&list, self_pid)?,
             SeccompAction::Allow,
-            SeccompAction::Errno(nix::libc::ENOSYS as u32),
+            SeccompAction::Errno(*errno as u32),
             arch,
         )?;
         out.push(BpfProgram::try_from(f)?);
