@@ -117,6 +117,9 @@ pub const NETWORK_FD_CHANNEL: i32 = 4;
 #[derive(Clone, Serialize, Deserialize)]
 pub struct NetworkConfig {
     pub endpoint: String,
+    /// The endpoint host's addresses, resolved by the supervisor at startup
+    /// (the confined executor cannot read `/etc` or send DNS queries).
+    pub resolved: Vec<std::net::SocketAddr>,
     pub token: Option<String>,
     pub timeout_ms: u64,
 }

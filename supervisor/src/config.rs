@@ -80,6 +80,13 @@ pub struct Cli {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
+    /// Show what confinement this kernel enforces per role and run escape
+    /// probes; exits non-zero if any forbidden operation succeeds.
+    Doctor {
+        /// Machine-readable output (one JSON document).
+        #[arg(long)]
+        json: bool,
+    },
     /// Audit log tools.
     Audit {
         #[command(subcommand)]

@@ -3,6 +3,8 @@
 
 mod audit;
 mod config;
+mod confine;
+mod doctor;
 mod policy;
 mod progress;
 mod runtime;
@@ -44,9 +46,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         };
         init_tracing(args.get(3).map(String::as_str).unwrap_or("info"));
-        return snowluma_workers::worker_main(role);
+        return snowluma_workers::worker_main(role, args.get(4..).unwrap_or_default());
+    }
+    if args.get(1).map(String::as_str) == Some(doctor::PROBE_ARG) {
+        // Escape probe (doctor and tests only): confine as a role, try one
+        // forbidden operation, report.
+        return doctor::probe_main(args.get(2..).unwrap_or_default());
     }
     let cli = Cli::parse();
+    if let Some(config::Command::Doctor { json }) = &cli.command {
+        return doctor::run(*json);
+    }
     if let Some(config::Command::Audit { action: config::AuditCommand::Verify { path } }) = &cli.command {
         return match audit::verify(path) {
             Ok(n) => {
@@ -102,6 +112,58 @@ fn main() -> ExitCode {
     if config.task_dir.is_some() {
         tracing::warn!("SNOWLUMA_MCP_TASK_DIR is set, but persistent tasks are not part of this build; ignoring it");
     }
+    // Confinement, before the runtime exists (Landlock restricts the calling
+    // thread and its future children only).
+    let support = confine::Support::detect();
+    let degraded_ok = match confine::gate(config.mode, support, confine::opt_out_from_env()) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("snowluma-mcp: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let grants = confine::WorkerGrants::from_config(&config, degraded_ok);
+    // File transfers (write mode): the directories are opened here, before
+    // confinement, and handed to the file-transfer worker as descriptors.
+    let transfer_dirs = if config.mode == config::Mode::Write && config.endpoint.is_some() {
+        match open_transfer_dirs(&config) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("snowluma-mcp: configuration error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        None
+    };
+    let write_dirs: Vec<std::os::fd::BorrowedFd<'_>> =
+        transfer_dirs.iter().map(|d| std::os::fd::AsFd::as_fd(&*d.download_fd)).collect();
+    let supervisor_report = match confine::confine_supervisor(&grants.network_ports, &write_dirs) {
+        Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => Some(r),
+        Ok(r) => {
+            eprintln!(
+                "snowluma-mcp: the supervisor's Landlock domain is {}; set {}=1 to run anyway",
+                r.landlock.status.as_str(),
+                confine::ALLOW_UNCONFINED_VAR
+            );
+            return ExitCode::from(2);
+        }
+        Err(e) if degraded_ok => {
+            tracing::warn!(error = %e, "the supervisor could not confine itself; continuing ({})", confine::ALLOW_UNCONFINED_VAR);
+            None
+        }
+        Err(e) => {
+            eprintln!("snowluma-mcp: the supervisor cannot confine itself: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    drop(write_dirs);
+    let roles: Vec<Role> = match (config.endpoint.is_some() && config.mode.executes(), &transfer_dirs) {
+        (true, Some(_)) => vec![Role::Catalog, Role::Network, Role::Files],
+        (true, None) => vec![Role::Catalog, Role::Network],
+        _ => vec![Role::Catalog],
+    };
+    confine::record(support, supervisor_report.as_ref(), degraded_ok, &roles);
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -109,7 +171,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(config, policy, audit)) {
+    match rt.block_on(run(config, policy, audit, grants, transfer_dirs)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server stopped with an error");
@@ -133,6 +195,57 @@ fn open_dir(path: &std::path::Path) -> std::io::Result<std::os::fd::OwnedFd> {
         .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(path)?;
     Ok(f.into())
+}
+
+/// The endpoint host's addresses, resolved here once: the confined network
+/// executor can neither read `/etc` nor send DNS queries. An IP literal (or
+/// a failure, reported by the executor on first use) gives an empty list.
+fn resolve_endpoint(endpoint: Option<&str>) -> Vec<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let Some(rest) = endpoint.and_then(|e| {
+        e.strip_prefix("http://").map(|r| (r, 80)).or_else(|| e.strip_prefix("https://").map(|r| (r, 443)))
+    }) else {
+        return Vec::new();
+    };
+    let (rest, default_port) = rest;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => match p.parse::<u16>() {
+            Ok(p) => (h, p),
+            Err(_) => (authority, default_port),
+        },
+        _ => (authority, default_port),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return Vec::new();
+    }
+    match (host, port).to_socket_addrs() {
+        Ok(addrs) => addrs.collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "the endpoint's host name cannot be resolved now; calls will fail until restart");
+            Vec::new()
+        }
+    }
+}
+
+/// The transfer directories, opened before confinement.
+struct TransferDirs {
+    download_dir: std::path::PathBuf,
+    download_fd: Arc<std::os::fd::OwnedFd>,
+    upload_root: Option<(std::path::PathBuf, std::path::PathBuf, Arc<std::os::fd::OwnedFd>)>,
+}
+
+fn open_transfer_dirs(config: &Config) -> Result<TransferDirs, DirError> {
+    let (download_dir, fd) = open_download_dir(config)?;
+    let upload_root = match &config.upload_root {
+        Some(root) => {
+            let (canonical, ufd) = open_upload_root(root)?;
+            Some((root.clone(), canonical, Arc::new(ufd)))
+        }
+        None => None,
+    };
+    Ok(TransferDirs { download_dir, download_fd: Arc::new(fd), upload_root })
 }
 
 /// Create (0700) and open the download directory.
@@ -172,9 +285,12 @@ async fn run(
     config: Config,
     policy: policy::Policy,
     audit: Option<audit::AuditLog>,
+    grants: confine::WorkerGrants,
+    transfer_dirs: Option<TransferDirs>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let exe = Arc::new(SelfExe::open()?);
-    let spec = Arc::new(SpawnSpec { exe, log_filter: config.log.clone() });
+    let resolved = resolve_endpoint(config.endpoint.as_deref());
+    let spec = Arc::new(SpawnSpec { exe, log_filter: config.log.clone(), grants });
     let catalog = WorkerSlot::start(
         Role::Catalog,
         WorkerConfig::Catalog { denied: policy.denied() },
@@ -186,6 +302,7 @@ async fn run(
             Role::Network,
             WorkerConfig::Network(NetworkConfig {
                 endpoint: endpoint.clone(),
+                resolved: resolved.clone(),
                 token: config.token.clone(),
                 timeout_ms: config.timeout_ms,
             }),
@@ -197,14 +314,12 @@ async fn run(
     // File transfers (write mode): the directories are opened here and handed
     // to the file-transfer worker as descriptors; it never sees a path.
     let mut paths = server::TransferPaths::default();
-    let files = if config.mode == config::Mode::Write && network.is_some() {
-        let (download_dir, download_fd) = open_download_dir(&config)?;
-        paths.download_dir = Some(download_dir);
-        let mut fds = vec![(snowluma_proto::FILES_DOWNLOAD_DIR_FD, Arc::new(download_fd))];
-        if let Some(root) = &config.upload_root {
-            let (canonical, fd) = open_upload_root(root)?;
-            paths.upload_root = Some((root.clone(), canonical));
-            fds.push((snowluma_proto::FILES_UPLOAD_ROOT_FD, Arc::new(fd)));
+    let files = if let (Some(dirs), Some(_)) = (transfer_dirs, &network) {
+        paths.download_dir = Some(dirs.download_dir);
+        let mut fds = vec![(snowluma_proto::FILES_DOWNLOAD_DIR_FD, dirs.download_fd)];
+        if let Some((configured, canonical, fd)) = dirs.upload_root {
+            paths.upload_root = Some((configured, canonical));
+            fds.push((snowluma_proto::FILES_UPLOAD_ROOT_FD, fd));
         }
         Some(WorkerSlot::start(
             Role::Files,

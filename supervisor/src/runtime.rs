@@ -83,6 +83,7 @@ pub async fn runtime_info(
         },
         "audit_log": server.audit_enabled(),
         "policy": server.policy().to_json(),
+        "confinement": crate::confine::summary(),
     });
     if args.check_connection {
         let mut checks = serde_json::Map::new();

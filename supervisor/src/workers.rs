@@ -99,6 +99,9 @@ pub enum ChannelDir {
 pub struct SpawnSpec {
     pub exe: Arc<SelfExe>,
     pub log_filter: String,
+    /// Per-role confinement grants, appended to the worker's argv
+    /// (`ports=…`, `unconfined-ok`; see `confine.rs`).
+    pub grants: crate::confine::WorkerGrants,
 }
 
 impl WorkerSlot {
@@ -219,6 +222,7 @@ fn spawn_child(
         .arg(WORKER_ARG)
         .arg(role.as_str())
         .arg(&spec.log_filter)
+        .args(spec.grants.args(role))
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -413,6 +417,12 @@ async fn run_once(
     }
     if !stop.is_cancelled() {
         match status {
+            Some(s) if std::os::unix::process::ExitStatusExt::signal(&s) == Some(nix::libc::SIGSYS) => tracing::error!(
+                worker = name,
+                pid,
+                status = %s,
+                "worker killed by SIGSYS: it made a system call its seccomp policy forbids"
+            ),
             Some(s) => tracing::warn!(worker = name, pid, status = %s, "worker exited"),
             None => tracing::warn!(worker = name, pid, "worker connection lost"),
         }

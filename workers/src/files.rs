@@ -246,12 +246,16 @@ impl FilesWorker {
         let Some(dir) = &self.download_dir else {
             return FilesReply::Usage { bytes: 0 };
         };
-        let dup = match dir.try_clone() {
-            Ok(d) => d,
-            Err(e) => return FilesReply::Refused { reason: format!("cannot read the download directory: {e}") },
-        };
         let mut total = 0u64;
-        match nix::dir::Dir::from_fd(dup) {
+        // A fresh open of "." beneath the directory (not a dup: the seccomp
+        // policy allows openat, not F_DUPFD).
+        let listing = nix::dir::Dir::openat(
+            dir,
+            ".",
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        );
+        match listing {
             Ok(mut d) => {
                 for entry in d.iter().flatten() {
                     let name = entry.file_name();

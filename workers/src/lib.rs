@@ -20,16 +20,23 @@ use std::process::ExitCode;
 use snowluma_proto::{Role, WORKER_IPC_FD};
 
 /// Entry point of a worker process. Must run before any other thread exists.
-pub fn worker_main(role: Role) -> ExitCode {
-    // Confinement first: nothing below may need what it takes away.
-    if let Err(e) = confine::confine_self(role) {
+/// `grant_args` are the argv elements after the log filter ([`confine::Grants`]).
+pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
+    // Confinement first: nothing below may need what it takes away. The
+    // current-thread runtime is built between the two steps: it starts no
+    // thread, and its descriptors (epoll, eventfd, the signal driver's
+    // socketpair) then exist before seccomp forbids creating sockets.
+    let grants = match confine::Grants::from_args(role, grant_args) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(role = role.as_str(), error = %e, "worker refuses to start");
+            return ExitCode::from(3);
+        }
+    };
+    if let Err(e) = confine::prepare(role) {
         tracing::error!(role = role.as_str(), error = %e, "worker refuses to start: confinement failed");
         return ExitCode::from(3);
     }
-    // SAFETY: the supervisor placed exactly one socket on WORKER_IPC_FD before
-    // exec and nothing in this process has touched that descriptor yet, so we
-    // take sole ownership of it here.
-    let fd = unsafe { OwnedFd::from_raw_fd(WORKER_IPC_FD) };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -37,6 +44,23 @@ pub fn worker_main(role: Role) -> ExitCode {
             return ExitCode::from(4);
         }
     };
+    match confine::confine_self(role, &grants) {
+        Ok(r) => tracing::debug!(
+            role = role.as_str(),
+            landlock = r.landlock.status.as_str(),
+            landlock_abi = r.landlock.kernel_abi,
+            seccomp = r.seccomp,
+            "worker confined"
+        ),
+        Err(e) => {
+            tracing::error!(role = role.as_str(), error = %e, "worker refuses to start: confinement failed");
+            return ExitCode::from(3);
+        }
+    }
+    // SAFETY: the supervisor placed exactly one socket on WORKER_IPC_FD before
+    // exec and nothing in this process has touched that descriptor yet, so we
+    // take sole ownership of it here.
+    let fd = unsafe { OwnedFd::from_raw_fd(WORKER_IPC_FD) };
     let result = rt.block_on(async move {
         match role {
             Role::Catalog => serve::serve(fd, role, catalog::CatalogWorker::new()).await,
@@ -52,4 +76,36 @@ pub fn worker_main(role: Role) -> ExitCode {
             ExitCode::from(5)
         }
     }
+}
+
+/// Entry point of an escape probe (`snowluma-mcp doctor`, tests): confine as
+/// `role` with the grants in `args`, print the report, try `probe`, print the
+/// outcome. Exit 0 when blocked, [`confine::probe::ESCAPED_EXIT`] when it got
+/// through. Never part of a serving worker.
+pub fn probe_main(role: Role, probe: confine::probe::Probe, args: &[String]) -> ExitCode {
+    let (pargs, grant_args) = confine::probe::ProbeArgs::split(args);
+    let report = match confine::Grants::from_args(role, &grant_args)
+        .and_then(|g| confine::prepare(role).map(|()| g))
+        .and_then(|g| confine::confine_self(role, &g))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            confine::probe::emit(&serde_json::json!({"error": e.to_string()}));
+            return ExitCode::from(3);
+        }
+    };
+    probe_after_confinement(&serde_json::to_value(&report).unwrap_or_default(), probe, &pargs)
+}
+
+/// Print `report`, run the probe, print its outcome (shared with the
+/// supervisor's own probe mode).
+pub fn probe_after_confinement(
+    report: &serde_json::Value,
+    probe: confine::probe::Probe,
+    args: &confine::probe::ProbeArgs,
+) -> ExitCode {
+    confine::probe::emit(&serde_json::json!({"report": report}));
+    let outcome = confine::probe::run(probe, args);
+    confine::probe::emit(&serde_json::json!({"outcome": outcome}));
+    if outcome.escaped { ExitCode::from(confine::probe::ESCAPED_EXIT) } else { ExitCode::SUCCESS }
 }

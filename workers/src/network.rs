@@ -67,7 +67,14 @@ fn tls_config() -> Result<rustls::ClientConfig, String> {
 
 fn build(cfg: NetworkConfig) -> Result<Net, String> {
     let endpoint = reqwest::Url::parse(&cfg.endpoint).map_err(|_| "the endpoint is not a valid URL".to_owned())?;
-    let client = reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder();
+    if let Some(host) = endpoint.host_str()
+        && host.parse::<std::net::IpAddr>().is_err()
+        && !cfg.resolved.is_empty()
+    {
+        builder = builder.resolve_to_addrs(host, &cfg.resolved);
+    }
+    let client = builder
         .tls_backend_preconfigured(tls_config()?)
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())

@@ -1,0 +1,307 @@
+//! The supervisor's own confinement, the startup gate for weak kernels, and
+//! the grants each worker receives on its command line.
+//!
+//! The supervisor confines itself after the configuration is parsed and the
+//! audit log is open, before its runtime starts (so before any thread):
+//! `RLIMIT_CORE` 0, not dumpable, no new privileges, and a Landlock domain
+//! that lets it read files but write none except `/dev/null` (workers'
+//! stdin/stdout), execute only its own binary (and the ELF interpreter the
+//! kernel loads with it), make no TCP connection or bind, and signal no
+//! process outside its domain. Workers are created after that, so they start
+//! inside the supervisor's domain and nest their own: the supervisor may
+//! still signal (stop) them, they may not signal it or each other.
+//!
+//! `SNOWLUMA_MCP_ALLOW_UNCONFINED=1` is the operator's explicit opt-out for
+//! kernels that cannot enforce all of this: without it, read and write
+//! modes refuse to start there; docs mode starts with a warning.
+
+use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+use snowluma_proto::Role;
+use snowluma_workers::confine::landlock::{self as ll, Enforcement, FsRule, Grant, LandlockReport};
+use snowluma_workers::confine::{Grants, policy};
+
+use crate::config::{Config, Mode};
+
+pub const ALLOW_UNCONFINED_VAR: &str = "SNOWLUMA_MCP_ALLOW_UNCONFINED";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("opening {what}: {source}")]
+    Open { what: &'static str, source: std::io::Error },
+    #[error(transparent)]
+    Landlock(#[from] ll::LandlockError),
+    #[error("prctl/setrlimit: {0}")]
+    Sys(#[from] nix::Error),
+}
+
+/// What this kernel can enforce.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Support {
+    pub landlock_abi: i32,
+    pub seccomp: bool,
+}
+
+impl Support {
+    pub fn detect() -> Support {
+        let seccomp = std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
+            .map(|s| s.split_whitespace().any(|a| a == "kill_process"))
+            .unwrap_or(false);
+        Support { landlock_abi: ll::kernel_abi(), seccomp }
+    }
+    pub fn full(&self) -> bool {
+        ll::predicted(self.landlock_abi) == Enforcement::FullyEnforced && self.seccomp
+    }
+}
+
+/// `SNOWLUMA_MCP_ALLOW_UNCONFINED`: only `1` or `true` opt out.
+pub fn opt_out_from_env() -> bool {
+    std::env::var(ALLOW_UNCONFINED_VAR).map(|v| v == "1" || v.eq_ignore_ascii_case("true")).unwrap_or(false)
+}
+
+/// The startup gate. `Ok(true)`: workers may start degraded (argv
+/// `unconfined-ok`); `Ok(false)`: full confinement required; `Err`: refuse.
+pub fn gate(mode: Mode, support: Support, opt_out: bool) -> Result<bool, String> {
+    if support.full() {
+        return Ok(opt_out);
+    }
+    let what = format!(
+        "this kernel cannot fully enforce confinement (Landlock ABI {} of {} needed, seccomp {})",
+        support.landlock_abi,
+        ll::PINNED_ABI_NUMBER,
+        if support.seccomp { "available" } else { "unavailable" }
+    );
+    if opt_out {
+        tracing::warn!("{what}; running anyway because {ALLOW_UNCONFINED_VAR}=1");
+        return Ok(true);
+    }
+    match mode {
+        Mode::Docs => {
+            tracing::warn!("{what}; docs mode starts anyway (it executes nothing)");
+            Ok(true)
+        }
+        Mode::Read | Mode::Write => Err(format!(
+            "{what}; {} mode refuses to start. Set {ALLOW_UNCONFINED_VAR}=1 to run with weaker confinement",
+            mode.as_str()
+        )),
+    }
+}
+
+/// The TCP port of an `http(s)://` or `ws(s)://` URL (explicit or the
+/// scheme's default).
+pub fn url_port(url: &str) -> Option<u16> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let hostport = authority.rsplit('@').next()?;
+    let explicit = if let Some(after) = hostport.strip_prefix('[') {
+        after.split_once(']').and_then(|(_, p)| p.strip_prefix(':'))
+    } else {
+        hostport.rsplit_once(':').map(|(_, p)| p)
+    };
+    match explicit {
+        Some(p) => p.parse().ok(),
+        None => match scheme.to_ascii_lowercase().as_str() {
+            "http" | "ws" => Some(80),
+            "https" | "wss" => Some(443),
+            _ => None,
+        },
+    }
+}
+
+/// What each worker role is granted on its command line.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerGrants {
+    /// The endpoint's (and events URL's) TCP ports: the network executor's only destinations.
+    pub network_ports: Vec<u16>,
+    pub allow_unconfined: bool,
+}
+
+impl WorkerGrants {
+    pub fn from_config(config: &Config, allow_unconfined: bool) -> WorkerGrants {
+        let mut ports: Vec<u16> = [config.endpoint.as_deref(), config.events_url.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter_map(url_port)
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        WorkerGrants { network_ports: ports, allow_unconfined }
+    }
+
+    /// Extra argv elements for a worker of `role` (after the log filter).
+    pub fn args(&self, role: Role) -> Vec<String> {
+        let g = Grants {
+            tcp_ports: if role == Role::Network { self.network_ports.clone() } else { Vec::new() },
+            allow_unconfined: self.allow_unconfined,
+            ..Grants::default()
+        };
+        g.to_args()
+    }
+}
+
+/// The supervisor's own confinement report.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct SupervisorReport {
+    pub landlock: LandlockReport,
+    pub seccomp: bool,
+    pub no_new_privs: bool,
+    pub dumpable: bool,
+    pub rlimit_core_zero: bool,
+}
+
+/// The ELF interpreter (`PT_INTERP`) of the binary behind `exe`, if any.
+fn elf_interpreter(exe: &std::fs::File) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let mut h = [0u8; 64];
+    exe.read_exact_at(&mut h, 0).ok()?;
+    if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+        return None; // only 64-bit little-endian is handled
+    }
+    let phoff = u64::from_le_bytes(h[0x20..0x28].try_into().ok()?);
+    let phentsize = u64::from(u16::from_le_bytes(h[0x36..0x38].try_into().ok()?));
+    let phnum = u64::from(u16::from_le_bytes(h[0x38..0x3a].try_into().ok()?));
+    for i in 0..phnum.min(256) {
+        let mut ph = [0u8; 56];
+        exe.read_exact_at(&mut ph, phoff + i * phentsize).ok()?;
+        if u32::from_le_bytes(ph[0..4].try_into().ok()?) == 3 {
+            let off = u64::from_le_bytes(ph[8..16].try_into().ok()?);
+            let size = u64::from_le_bytes(ph[32..40].try_into().ok()?).min(4096);
+            let mut buf = vec![0u8; usize::try_from(size).ok()?];
+            exe.read_exact_at(&mut buf, off).ok()?;
+            let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+            return String::from_utf8(buf[..end].to_vec()).ok();
+        }
+    }
+    None
+}
+
+fn open(path: &str, what: &'static str) -> Result<OwnedFd, ConfineError> {
+    std::fs::File::open(path).map(OwnedFd::from).map_err(|source| ConfineError::Open { what, source })
+}
+
+/// Confine the (single-threaded) supervisor. Everything it must open later
+/// by path is either readable (any file) or `/dev/null`.
+///
+/// Workers are forked from the supervisor after this, so they start inside
+/// its Landlock domain and can never have a right it lacks (Landlock
+/// domains only nest). The supervisor's domain is therefore the union of
+/// its workers' needs: `worker_tcp_ports` are the network executor's
+/// destinations. A supervisor with no network at all needs workers spawned
+/// from a helper forked before confinement (see ARCHITECTURE.md).
+/// `worker_write_dirs`: directories a worker must be able to write beneath
+/// (the download directory); since workers nest inside this domain, it
+/// must grant them too.
+pub fn confine_supervisor(
+    worker_tcp_ports: &[u16],
+    worker_write_dirs: &[BorrowedFd<'_>],
+) -> Result<SupervisorReport, ConfineError> {
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)?;
+    nix::sys::prctl::set_dumpable(false)?;
+    nix::sys::prctl::set_no_new_privs()?;
+    let exe_file = std::fs::File::open("/proc/self/exe")
+        .map_err(|source| ConfineError::Open { what: "/proc/self/exe", source })?;
+    let interp = elf_interpreter(&exe_file);
+    let exe: OwnedFd = exe_file.into();
+    let root = open("/", "/")?;
+    let devnull = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|source| ConfineError::Open { what: "/dev/null", source })?;
+    let interp_fd = match &interp {
+        Some(p) => Some(open(p, "the ELF interpreter")?),
+        None => None,
+    };
+    let mut fs = vec![
+        FsRule { fd: root.as_fd(), access: ll::read_dir_access() },
+        FsRule { fd: exe.as_fd(), access: landlock::AccessFs::Execute | landlock::AccessFs::ReadFile },
+        FsRule { fd: devnull.as_fd(), access: landlock::AccessFs::ReadFile | landlock::AccessFs::WriteFile },
+    ];
+    if let Some(fd) = &interp_fd {
+        fs.push(FsRule { fd: fd.as_fd(), access: landlock::AccessFs::Execute | landlock::AccessFs::ReadFile });
+    }
+    for fd in worker_write_dirs {
+        fs.push(FsRule { fd: *fd, access: ll::write_dir_access() });
+    }
+    let landlock = ll::restrict(&Grant { fs, connect_tcp: worker_tcp_ports.to_vec() })?;
+    Ok(SupervisorReport { landlock, seccomp: false, no_new_privs: true, dumpable: false, rlimit_core_zero: true })
+}
+
+static SUMMARY: OnceLock<Value> = OnceLock::new();
+
+/// Record what is enforced, for `get_runtime_info`. Workers that start
+/// confine themselves with the same pinned policy on the same kernel and
+/// refuse to start if they cannot reach full enforcement without the
+/// opt-out, so each running worker's state follows from the kernel's support.
+pub fn record(support: Support, supervisor: Option<&SupervisorReport>, degraded_ok: bool, roles: &[Role]) {
+    let role_entry = |r: Role| {
+        json!({
+            "landlock": {
+                "abi": support.landlock_abi,
+                "pinned_abi": ll::PINNED_ABI_NUMBER,
+                "status": ll::predicted(support.landlock_abi).as_str(),
+            },
+            "seccomp": support.seccomp,
+            "seccomp_allowed_syscalls": policy::allowed_count(r),
+            "no_new_privs": true,
+            "dumpable": false,
+        })
+    };
+    let mut workers = serde_json::Map::new();
+    for r in roles {
+        workers.insert(r.as_str().into(), role_entry(*r));
+    }
+    let sup = match supervisor {
+        Some(s) => json!({
+            "landlock": {"abi": s.landlock.kernel_abi, "pinned_abi": ll::PINNED_ABI_NUMBER, "status": s.landlock.status.as_str()},
+            "seccomp": s.seccomp,
+            "no_new_privs": s.no_new_privs,
+            "dumpable": s.dumpable,
+        }),
+        None => json!({"landlock": {"abi": support.landlock_abi, "status": "not_enforced"}, "seccomp": false}),
+    };
+    let _ = SUMMARY.set(json!({
+        "fully_enforced": support.full() && supervisor.is_some_and(|s| s.landlock.status == Enforcement::FullyEnforced),
+        "unconfined_allowed": degraded_ok,
+        "supervisor": sup,
+        "workers": Value::Object(workers),
+    }));
+}
+
+/// The `confinement` object of `get_runtime_info`.
+pub fn summary() -> Value {
+    SUMMARY.get().cloned().unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_of_urls() {
+        assert_eq!(url_port("http://127.0.0.1:3000/"), Some(3000));
+        assert_eq!(url_port("http://example.org/x"), Some(80));
+        assert_eq!(url_port("https://example.org"), Some(443));
+        assert_eq!(url_port("wss://h:8443/ws?a=b"), Some(8443));
+        assert_eq!(url_port("http://[::1]:5700/"), Some(5700));
+        assert_eq!(url_port("http://[::1]/"), Some(80));
+        assert_eq!(url_port("ftp://x/"), None);
+    }
+
+    #[test]
+    fn weak_kernels_refuse_read_and_write_without_opt_out() {
+        let weak = Support { landlock_abi: 3, seccomp: true };
+        assert!(gate(Mode::Read, weak, false).is_err());
+        assert!(gate(Mode::Write, weak, false).is_err());
+        assert_eq!(gate(Mode::Docs, weak, false), Ok(true));
+        assert_eq!(gate(Mode::Write, weak, true), Ok(true));
+        let full = Support { landlock_abi: 7, seccomp: true };
+        assert_eq!(gate(Mode::Write, full, false), Ok(false));
+        let no_seccomp = Support { landlock_abi: 7, seccomp: false };
+        assert!(gate(Mode::Read, no_seccomp, false).is_err());
+    }
+}

@@ -1,0 +1,388 @@
+//! `snowluma-mcp doctor`: what confinement this kernel enforces, per role,
+//! and escape probes that prove it.
+//!
+//! For every role (supervisor, catalog, network, files) the doctor starts
+//! this binary in probe mode (`__snowluma-probe <role> <probe> [k=v…]`): the
+//! child confines itself exactly as that role does in service, prints its
+//! report, tries one forbidden operation and says whether it got through. A
+//! few *controls* (the network executor connecting to its granted port, the
+//! file-transfer worker reading its upload root and writing its download
+//! directory) must succeed, so a probe cannot pass merely because the test
+//! setup is broken. Exit status 1 if any forbidden operation succeeded or a
+//! control failed, 0 otherwise. Human-readable by default; `--json` prints
+//! one JSON document. Doctor is not an MCP session, so stdout is its own.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use serde_json::{Value, json};
+use snowluma_proto::Role;
+use snowluma_workers::confine::policy;
+use snowluma_workers::confine::probe::{EXEC_MARKER, Probe, ProbeArgs};
+
+use crate::confine;
+
+/// Hidden first argument of probe mode.
+pub const PROBE_ARG: &str = "__snowluma-probe";
+
+/// Probe mode: `<role|supervisor> <probe> [k=v…]`.
+pub fn probe_main(args: &[String]) -> ExitCode {
+    let (Some(role), Some(probe)) = (args.first(), args.get(1).and_then(|p| Probe::parse(p))) else {
+        eprintln!("snowluma-mcp: usage: {PROBE_ARG} <role> <probe> [k=v…]");
+        return ExitCode::from(2);
+    };
+    let rest = args.get(2..).unwrap_or_default();
+    if role == "supervisor" {
+        let (pargs, grant_args) = ProbeArgs::split(rest);
+        let ports: Vec<u16> = match snowluma_workers::confine::Grants::from_args(Role::Catalog, &grant_args) {
+            Ok(g) => g.tcp_ports,
+            Err(e) => {
+                eprintln!("snowluma-mcp: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        return match confine::confine_supervisor(&ports, &[]) {
+            Ok(r) => {
+                snowluma_workers::probe_after_confinement(&serde_json::to_value(r).unwrap_or_default(), probe, &pargs)
+            }
+            Err(e) => {
+                snowluma_workers::confine::probe::emit(&json!({"error": e.to_string()}));
+                ExitCode::from(3)
+            }
+        };
+    }
+    match Role::parse(role) {
+        Some(r) => snowluma_workers::probe_main(r, probe, rest),
+        None => {
+            eprintln!("snowluma-mcp: unknown role {role}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A probe the doctor runs, and what must happen.
+struct Case {
+    probe: Probe,
+    args: Vec<String>,
+    /// `true`: a control that must succeed; `false`: must be blocked.
+    control: bool,
+    label: String,
+}
+
+struct Setup {
+    dir: PathBuf,
+    upload: PathBuf,
+    download: PathBuf,
+    endpoint: TcpListener,
+    other: TcpListener,
+    sibling: Option<std::process::Child>,
+}
+
+impl Setup {
+    fn new() -> std::io::Result<Setup> {
+        let dir = std::env::temp_dir().join(format!("snowluma-doctor-{}", std::process::id()));
+        let upload = dir.join("upload");
+        let download = dir.join("download");
+        std::fs::create_dir_all(&upload)?;
+        std::fs::create_dir_all(&download)?;
+        std::fs::write(upload.join("probe.txt"), b"probe")?;
+        let endpoint = TcpListener::bind("127.0.0.1:0")?;
+        let other = TcpListener::bind("127.0.0.1:0")?;
+        // A sibling process outside every probe's domain, to signal and trace.
+        let sibling = Command::new("/bin/sleep")
+            .arg("60")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
+        Ok(Setup { dir, upload, download, endpoint, other, sibling })
+    }
+    fn port(l: &TcpListener) -> u16 {
+        l.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+    fn sibling_pid(&self) -> u32 {
+        self.sibling.as_ref().map(|c| c.id()).unwrap_or_else(std::process::id)
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.sibling {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn forbidden(probe: Probe, args: Vec<String>, label: &str) -> Case {
+    Case { probe, args, control: false, label: label.to_owned() }
+}
+
+fn cases(role: &str, s: &Setup) -> Vec<Case> {
+    let endpoint_port = Setup::port(&s.endpoint);
+    let other_port = Setup::port(&s.other);
+    let pid = format!("pid={}", s.sibling_pid());
+    let outside = format!("path={}", s.dir.join(format!("outside-{role}")).display());
+    let mut v = Vec::new();
+    if role != "supervisor" {
+        // The supervisor may read files (it is denied writes, exec, network).
+        v.push(forbidden(Probe::ReadEtcPasswd, vec![], "read /etc/passwd"));
+    }
+    v.push(forbidden(Probe::WriteOutside, vec![outside], "create a file outside its roots"));
+    match role {
+        "network" => {
+            v.push(forbidden(
+                Probe::Connect,
+                vec![format!("port={other_port}")],
+                "connect to a port other than the endpoint's",
+            ));
+            v.push(Case {
+                probe: Probe::Connect,
+                args: vec![format!("port={endpoint_port}")],
+                control: true,
+                label: "connect to the endpoint's port (control)".into(),
+            });
+            v.push(forbidden(Probe::NewSocket, vec![], "open a unix socket"));
+        }
+        "supervisor" => {
+            // Its domain must contain the network executor's (workers nest
+            // inside it), so only the endpoint's port is open to it.
+            v.push(forbidden(
+                Probe::Connect,
+                vec![format!("port={other_port}")],
+                "connect to a port other than the endpoint's",
+            ));
+        }
+        _ => {
+            v.push(forbidden(Probe::Connect, vec![format!("port={endpoint_port}")], "connect over TCP"));
+            v.push(forbidden(Probe::NewSocket, vec![], "open a new socket"));
+        }
+    }
+    if role == "files" {
+        v.push(forbidden(
+            Probe::WriteOutside,
+            vec![format!("path={}", s.upload.join("new").display())],
+            "write into the (read-only) upload root",
+        ));
+        v.push(Case {
+            probe: Probe::ReadGranted,
+            args: vec!["name=probe.txt".into()],
+            control: true,
+            label: "read a file in the upload root (control)".into(),
+        });
+        v.push(Case {
+            probe: Probe::WriteOutside,
+            args: vec![format!("path={}", s.download.join("new").display())],
+            control: true,
+            label: "create a file in the download directory (control)".into(),
+        });
+    }
+    v.push(forbidden(Probe::ExecShell, vec![], "exec /bin/sh"));
+    v.push(forbidden(Probe::Signal, vec![pid.clone()], "signal a sibling process"));
+    v.push(forbidden(Probe::Ptrace, vec![pid], "ptrace a sibling process"));
+    v
+}
+
+/// The grants a role's probe process starts with (as in service).
+fn grant_args(role: &str, s: &Setup) -> Vec<String> {
+    match role {
+        "network" | "supervisor" => vec![format!("ports={}", Setup::port(&s.endpoint))],
+        _ => vec![],
+    }
+}
+
+struct Run {
+    report: Option<Value>,
+    outcome: Option<Value>,
+    status: std::process::ExitStatus,
+    error: Option<String>,
+}
+
+fn spawn_probe(exe: &Path, role: &str, case: &Case, s: &Setup) -> std::io::Result<Run> {
+    let mut cmd = Command::new(exe);
+    cmd.arg(PROBE_ARG)
+        .arg(role)
+        .arg(case.probe.as_str())
+        .args(grant_args(role, s))
+        .args(&case.args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if role == "files" {
+        // The supervisor will hand the file-transfer worker its two
+        // directories pre-opened at fixed numbers; do the same.
+        let up = std::fs::File::open(&s.upload)?;
+        let down = std::fs::File::open(&s.download)?;
+        let (up, down) = (std::os::fd::OwnedFd::from(up), std::os::fd::OwnedFd::from(down));
+        let (u, d) = (std::os::fd::AsRawFd::as_raw_fd(&up), std::os::fd::AsRawFd::as_raw_fd(&down));
+        // SAFETY: runs in the forked child before exec; dup2 is
+        // async-signal-safe and works on descriptors this process owns.
+        // dup2 onto a different number clears close-on-exec on the copy.
+        unsafe {
+            cmd.pre_exec(move || {
+                use nix::libc;
+                for (from, to) in [(u, policy::FILES_UPLOAD_ROOT_FD), (d, policy::FILES_DOWNLOAD_DIR_FD)] {
+                    if from == to {
+                        if libc::fcntl(from, libc::F_SETFD, 0) < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    } else if libc::dup2(from, to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output()?;
+        drop((up, down));
+        return Ok(parse_run(out));
+    }
+    Ok(parse_run(cmd.output()?))
+}
+
+fn parse_run(out: std::process::Output) -> Run {
+    let mut run = Run { report: None, outcome: None, status: out.status, error: None };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else { continue };
+        if let Some(r) = v.get("report") {
+            run.report = Some(r.clone());
+        } else if let Some(o) = v.get("outcome") {
+            run.outcome = Some(o.clone());
+        } else if let Some(e) = v.get("error") {
+            run.error = e.as_str().map(str::to_owned);
+        }
+    }
+    run
+}
+
+/// `(escaped, how)` of a finished probe.
+fn verdict(run: &Run) -> (Option<bool>, String) {
+    if let Some(sig) = run.status.signal() {
+        let how = if sig == nix::libc::SIGSYS {
+            "killed by seccomp (SIGSYS)".to_owned()
+        } else {
+            format!("killed by signal {sig}")
+        };
+        return (Some(false), how);
+    }
+    if run.status.code() == Some(EXEC_MARKER) {
+        return (Some(true), "/bin/sh ran".into());
+    }
+    if let Some(e) = &run.error {
+        return (None, format!("could not confine: {e}"));
+    }
+    match &run.outcome {
+        Some(o) => {
+            let escaped = o.get("escaped").and_then(Value::as_bool).unwrap_or(false);
+            let how = o.get("error").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| "succeeded".into());
+            (Some(escaped), how)
+        }
+        None => (None, format!("no outcome (exit status {})", run.status)),
+    }
+}
+
+pub fn run(as_json: bool) -> ExitCode {
+    let setup = match Setup::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("snowluma-mcp doctor: cannot prepare probes: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("snowluma-mcp doctor: cannot find own binary: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let support = confine::Support::detect();
+    let mut ok = true;
+    let mut roles_out = Vec::new();
+    for role in ["supervisor", "catalog", "network", "files"] {
+        let mut report = Value::Null;
+        let mut probes = Vec::new();
+        for case in cases(role, &setup) {
+            let (escaped, how) = match spawn_probe(&exe, role, &case, &setup) {
+                Ok(r) => {
+                    if report.is_null()
+                        && let Some(rep) = &r.report
+                    {
+                        report = rep.clone();
+                    }
+                    verdict(&r)
+                }
+                Err(e) => (None, format!("could not start the probe: {e}")),
+            };
+            let passed = match escaped {
+                Some(e) => e == case.control,
+                None => false,
+            };
+            ok &= passed;
+            probes.push(json!({
+                "probe": case.probe.as_str(),
+                "what": case.label,
+                "expect": if case.control { "allowed" } else { "blocked" },
+                "result": match escaped { Some(true) => "succeeded", Some(false) => "blocked", None => "error" },
+                "detail": how,
+                "pass": passed,
+            }));
+        }
+        roles_out.push(json!({"role": role, "confinement": report, "probes": probes}));
+    }
+    let doc = json!({
+        "kernel": {"landlock_abi": support.landlock_abi, "pinned_abi": snowluma_workers::confine::landlock::PINNED_ABI_NUMBER, "seccomp": support.seccomp},
+        "roles": roles_out,
+        "ok": ok,
+    });
+    let mut out = std::io::stdout().lock();
+    let text = if as_json { format!("{doc:#}\n") } else { human(&doc) };
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn human(doc: &Value) -> String {
+    let mut s = String::new();
+    let k = &doc["kernel"];
+    s.push_str(&format!(
+        "kernel: Landlock ABI {} (policies pinned to ABI {}), seccomp {}\n",
+        k["landlock_abi"],
+        k["pinned_abi"],
+        if k["seccomp"].as_bool() == Some(true) { "available" } else { "unavailable" }
+    ));
+    for r in doc["roles"].as_array().into_iter().flatten() {
+        let c = &r["confinement"];
+        s.push_str(&format!(
+            "\n{}: landlock {} (ABI {}), seccomp {}{}, no_new_privs {}, dumpable {}\n",
+            r["role"].as_str().unwrap_or("?"),
+            c["landlock"]["status"].as_str().unwrap_or("unknown"),
+            c["landlock"]["kernel_abi"],
+            if c["seccomp"].as_bool() == Some(true) { "on" } else { "off" },
+            c.get("seccomp_allowed_syscalls").map(|n| format!(" ({n} syscalls allowed)")).unwrap_or_default(),
+            c["no_new_privs"],
+            c["dumpable"],
+        ));
+        for p in r["probes"].as_array().into_iter().flatten() {
+            s.push_str(&format!(
+                "  [{}] {}: {} ({})\n",
+                if p["pass"].as_bool() == Some(true) { " ok " } else { "FAIL" },
+                p["what"].as_str().unwrap_or(""),
+                p["result"].as_str().unwrap_or(""),
+                p["detail"].as_str().unwrap_or(""),
+            ));
+        }
+    }
+    s.push_str(if doc["ok"].as_bool() == Some(true) {
+        "\nall escape probes were blocked\n"
+    } else {
+        "\nCONFINEMENT FAILURE: see FAIL lines above\n"
+    });
+    s
+}

@@ -1,0 +1,226 @@
+//! Self-confinement of a worker, run at the start of `main` while the
+//! process is still single-threaded (Landlock ABI 7 and seccomp restrict the
+//! calling thread and its future children only).
+//!
+//! Order: process name → close every descriptor but the kept ones
+//! ([`fds`]) → `RLIMIT_CORE` 0 ([`rlimits`]) → no new privileges, not dumpable
+//! → check single-threaded → Landlock ([`landlock`]) → seccomp ([`seccomp`]).
+//! What each role keeps and may do is data in [`policy`]; what was enforced
+//! comes back as a [`Report`]. The least-privilege matrix is written out in
+//! ARCHITECTURE.md ("Confinement").
+
+pub mod fds;
+pub mod landlock;
+pub mod policy;
+pub mod probe;
+pub mod rlimits;
+pub mod seccomp;
+
+use std::os::fd::RawFd;
+
+use serde::Serialize;
+use snowluma_proto::{Role, WORKER_IPC_FD};
+
+pub use self::landlock::{Enforcement, LandlockReport};
+
+/// The argv element that lets a worker start when confinement cannot be
+/// fully enforced (the supervisor passes it only with
+/// `SNOWLUMA_MCP_ALLOW_UNCONFINED=1`, or in docs mode on a weak kernel).
+pub const UNCONFINED_OK_ARG: &str = "unconfined-ok";
+/// The argv prefix carrying the TCP ports the network executor may connect to.
+pub const PORTS_ARG_PREFIX: &str = "ports=";
+
+/// What the supervisor grants a worker beyond its role's fixed policy. It
+/// reaches the worker before its runtime starts: ports on argv, directory
+/// descriptors at fixed numbers ([`policy::kept_fds`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// TCP ports the network executor may connect to (Landlock `ConnectTcp`).
+    pub tcp_ports: Vec<u16>,
+    /// Directories readable beneath (descriptors held by this process).
+    pub read_dir_fds: Vec<RawFd>,
+    /// Directories readable and writable beneath.
+    pub write_dir_fds: Vec<RawFd>,
+    /// Start even if Landlock or seccomp cannot be fully enforced.
+    pub allow_unconfined: bool,
+}
+
+impl Grants {
+    /// Parse the worker's extra argv elements (after the log filter).
+    /// Unknown elements are refused, so a typo cannot silently widen nothing
+    /// or narrow nothing.
+    pub fn from_args(role: Role, args: &[String]) -> Result<Grants, ConfineError> {
+        let mut g = Grants::default();
+        for a in args {
+            if let Some(list) = a.strip_prefix(PORTS_ARG_PREFIX) {
+                for p in list.split(',').filter(|p| !p.is_empty()) {
+                    let port = p.parse::<u16>().map_err(|_| ConfineError::BadArg(a.clone()))?;
+                    g.tcp_ports.push(port);
+                }
+            } else if a == UNCONFINED_OK_ARG {
+                g.allow_unconfined = true;
+            } else {
+                return Err(ConfineError::BadArg(a.clone()));
+            }
+        }
+        if role == Role::Files {
+            // SAFETY (of the borrows below): the descriptors are only
+            // fstat'ed here, while this single-threaded process holds them.
+            // SAFETY: see above; the fds are inherited and not yet closed.
+            if landlock::is_dir(unsafe { landlock::borrow(policy::FILES_UPLOAD_ROOT_FD) }) {
+                g.read_dir_fds.push(policy::FILES_UPLOAD_ROOT_FD);
+            }
+            // SAFETY: as above.
+            if landlock::is_dir(unsafe { landlock::borrow(policy::FILES_DOWNLOAD_DIR_FD) }) {
+                g.write_dir_fds.push(policy::FILES_DOWNLOAD_DIR_FD);
+            }
+        }
+        Ok(g)
+    }
+
+    /// The argv elements that carry these grants (the inverse of [`Grants::from_args`]).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if !self.tcp_ports.is_empty() {
+            let ports: Vec<String> = self.tcp_ports.iter().map(u16::to_string).collect();
+            v.push(format!("{PORTS_ARG_PREFIX}{}", ports.join(",")));
+        }
+        if self.allow_unconfined {
+            v.push(UNCONFINED_OK_ARG.to_owned());
+        }
+        v
+    }
+}
+
+/// What was enforced on this process.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub role: &'static str,
+    pub landlock: LandlockReport,
+    pub seccomp: bool,
+    /// Instructions in the installed BPF programs (0 without seccomp).
+    pub seccomp_instructions: usize,
+    /// Distinct system calls the role may make.
+    pub seccomp_allowed_syscalls: usize,
+    pub no_new_privs: bool,
+    pub dumpable: bool,
+    pub rlimit_core_zero: bool,
+}
+
+impl Report {
+    pub fn fully_confined(&self) -> bool {
+        self.landlock.status == Enforcement::FullyEnforced && self.seccomp && self.no_new_privs && !self.dumpable
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("prctl({what}) failed: {source}")]
+    Prctl { what: &'static str, source: nix::Error },
+    #[error("unexpected worker argument {0:?}")]
+    BadArg(String),
+    #[error("closing inherited descriptors: {0}")]
+    Fds(nix::Error),
+    #[error("setting RLIMIT_CORE: {0}")]
+    Rlimit(nix::Error),
+    #[error("the process has {0} threads; confinement needs exactly one")]
+    Threads(usize),
+    #[error(transparent)]
+    Landlock(#[from] landlock::LandlockError),
+    #[error(
+        "Landlock is {0} on this kernel (ABI {1}, need {need}); set SNOWLUMA_MCP_ALLOW_UNCONFINED=1 to run anyway",
+        need = landlock::PINNED_ABI_NUMBER
+    )]
+    LandlockWeak(&'static str, i32),
+    #[error("{0}; set SNOWLUMA_MCP_ALLOW_UNCONFINED=1 to run anyway")]
+    Seccomp(#[from] seccomp::SeccompError),
+}
+
+/// Threads of this process, from /proc/self/status (None if unreadable).
+pub fn thread_count() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// First step, at the very start of a worker: name the process, close every
+/// descriptor but the kept ones, no core dumps, no new privileges, not
+/// dumpable. The caller may then build its current-thread runtime (no
+/// thread; its epoll, eventfd and signal socketpair are created here, while
+/// `socketpair` is still allowed) and finally call [`confine_self`].
+pub fn prepare(role: Role) -> Result<(), ConfineError> {
+    // A readable process name for ps/top/journal (the exec path is a /proc fd).
+    let name = format!("snowluma-{}", role.as_str());
+    if let Ok(c) = std::ffi::CString::new(name) {
+        let _ = nix::sys::prctl::set_name(&c);
+    }
+    let mut keep: Vec<RawFd> = vec![0, 1, 2, WORKER_IPC_FD];
+    keep.extend_from_slice(policy::kept_fds(role));
+    fds::close_all_except(&keep).map_err(ConfineError::Fds)?;
+    rlimits::apply().map_err(ConfineError::Rlimit)?;
+    rlimits::drop_capabilities().map_err(|source| ConfineError::Prctl { what: "capset", source })?;
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|source| ConfineError::Prctl { what: "PR_SET_NO_NEW_PRIVS", source })?;
+    nix::sys::prctl::set_dumpable(false).map_err(|source| ConfineError::Prctl { what: "PR_SET_DUMPABLE", source })?;
+    Ok(())
+}
+
+/// Confine the calling worker process according to its role's policy and
+/// `grants`: Landlock, then seccomp. The process must be single-threaded
+/// and [`prepare`]d.
+pub fn confine_self(role: Role, grants: &Grants) -> Result<Report, ConfineError> {
+    // Idempotent; repeated so that no caller can skip them.
+    rlimits::apply().map_err(ConfineError::Rlimit)?;
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|source| ConfineError::Prctl { what: "PR_SET_NO_NEW_PRIVS", source })?;
+    nix::sys::prctl::set_dumpable(false).map_err(|source| ConfineError::Prctl { what: "PR_SET_DUMPABLE", source })?;
+    if let Some(n) = thread_count()
+        && n != 1
+    {
+        return Err(ConfineError::Threads(n));
+    }
+    let mut grant = landlock::Grant { connect_tcp: Vec::new(), fs: Vec::new() };
+    match role {
+        Role::Network => grant.connect_tcp = grants.tcp_ports.clone(),
+        Role::Files => {
+            for fd in &grants.read_dir_fds {
+                // SAFETY: the descriptor was checked open (a directory) by
+                // Grants::from_args and is kept by close_all_except.
+                grant.fs.push(landlock::FsRule {
+                    fd: unsafe { landlock::borrow(*fd) },
+                    access: landlock::read_dir_access(),
+                });
+            }
+            for fd in &grants.write_dir_fds {
+                // SAFETY: as above.
+                grant.fs.push(landlock::FsRule {
+                    fd: unsafe { landlock::borrow(*fd) },
+                    access: landlock::write_dir_access(),
+                });
+            }
+        }
+        Role::Catalog | Role::Tasks => {}
+    }
+    let ll = landlock::restrict(&grant)?;
+    if ll.status != Enforcement::FullyEnforced && !grants.allow_unconfined {
+        return Err(ConfineError::LandlockWeak(ll.status.as_str(), ll.kernel_abi));
+    }
+
+    let (seccomp_on, instructions) = match seccomp::apply(role) {
+        Ok(n) => (true, n),
+        Err(e) if grants.allow_unconfined => {
+            tracing::warn!(role = role.as_str(), error = %e, "seccomp not enforced (SNOWLUMA_MCP_ALLOW_UNCONFINED)");
+            (false, 0)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Report {
+        role: role.as_str(),
+        landlock: ll,
+        seccomp: seccomp_on,
+        seccomp_instructions: instructions,
+        seccomp_allowed_syscalls: policy::allowed_count(role),
+        no_new_privs: true,
+        dumpable: false,
+        rlimit_core_zero: true,
+    })
+}

@@ -1,0 +1,160 @@
+//! seccomp-bpf: compile a role's allow-list ([`super::policy`]) with
+//! `seccompiler` and install it on the (single) calling thread; threads
+//! created later inherit it.
+//!
+//! Mismatch kills the whole process (`SECCOMP_RET_KILL_PROCESS`, seen by the
+//! supervisor as death by `SIGSYS`). A second, smaller filter answers a few
+//! calls with an errno (see [`super::policy::refused`]); when filters stack the
+//! kernel takes the most restrictive verdict, so an errno beats the first
+//! filter's allow.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
+};
+use snowluma_proto::Role;
+
+use super::policy::{self, Allow, Cmp};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("this architecture has no seccomp policy")]
+    UnsupportedArch,
+    #[error("building the seccomp filter: {0}")]
+    Build(#[from] seccompiler::BackendError),
+    #[error("installing the seccomp filter: {0}")]
+    Install(#[from] seccompiler::Error),
+}
+
+fn arch() -> Result<TargetArch, SeccompError> {
+    if cfg!(target_arch = "x86_64") {
+        Ok(TargetArch::x86_64)
+    } else if cfg!(target_arch = "aarch64") {
+        Ok(TargetArch::aarch64)
+    } else {
+        Err(SeccompError::UnsupportedArch)
+    }
+}
+
+fn condition(c: Cmp, self_pid: u64) -> Result<SeccompCondition, SeccompError> {
+    let fill = |v: u64| if v == policy::SELF_PID { self_pid } else { v };
+    Ok(match c {
+        Cmp::Eq(arg, v) => SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, fill(v))?,
+        Cmp::Ne(arg, v) => SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::Ne, fill(v))?,
+        Cmp::Masked(arg, mask, v) => {
+            SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(mask), v)?
+        }
+    })
+}
+
+fn rules(allows: &[&Allow], self_pid: u64) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
+    let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for a in allows {
+        let mut rs = Vec::new();
+        for set in a.when {
+            let conds = set.iter().map(|c| condition(*c, self_pid)).collect::<Result<Vec<_>, _>>()?;
+            rs.push(SeccompRule::new(conds)?);
+        }
+        // An unconditional entry must stay unconditional even if another
+        // entry for the same call has conditions: empty rules = always.
+        match map.get_mut(&a.nr) {
+            Some(existing) if existing.is_empty() || rs.is_empty() => existing.clear(),
+            Some(existing) => existing.extend(rs),
+            None => {
+                map.insert(a.nr, rs);
+            }
+        }
+    }
+    Ok(map)
+}
+
+/// The compiled filters of a role: the allow-list, then one per errno list.
+pub fn compile(role: Role, mismatch: SeccompAction) -> Result<Vec<BpfProgram>, SeccompError> {
+    let arch = arch()?;
+    let self_pid = u64::from(std::process::id());
+    // Calls refused with an errno must pass the allow-list filter (a kill
+    // there would win); the errno filter then answers them.
+    let passed: Vec<Allow> = policy::refused(role)
+        .iter()
+        .flat_map(|(_, list)| list.iter())
+        .map(|a| Allow { name: a.name, nr: a.nr, when: &[] })
+        .collect();
+    let allows: Vec<&Allow> = policy::BASE.iter().chain(policy::extra(role)).chain(passed.iter()).collect();
+    let allow = SeccompFilter::new(rules(&allows, self_pid)?, mismatch, SeccompAction::Allow, arch)?;
+    let mut out = vec![BpfProgram::try_from(allow)?];
+    for (errno, list) in policy::refused(role) {
+        let list: Vec<&Allow> = list.iter().collect();
+        let f = SeccompFilter::new(
+            rules(&list, self_pid)?,
+            SeccompAction::Allow,
+            SeccompAction::Errno(*errno as u32),
+            arch,
+        )?;
+        out.push(BpfProgram::try_from(f)?);
+    }
+    Ok(out)
+}
+
+/// Install the role's filters on the calling thread. No new privileges must
+/// already be set (it is, by [`super::confine_self`]).
+pub fn apply(role: Role) -> Result<usize, SeccompError> {
+    let programs = compile(role, SeccompAction::KillProcess)?;
+    let instructions = programs.iter().map(Vec::len).sum();
+    // The allow-list goes last: seccompiler's apply_filter calls
+    // prctl(PR_SET_NO_NEW_PRIVS), which the allow-list does not permit.
+    for p in programs.iter().rev() {
+        seccompiler::apply_filter(p)?;
+    }
+    Ok(instructions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_role_compiles() {
+        for role in Role::ALL {
+            let p = compile(role, SeccompAction::KillProcess).unwrap();
+            assert!(!p.is_empty());
+        }
+    }
+
+    #[test]
+    fn no_role_may_exec_or_trace() {
+        for role in Role::ALL {
+            for a in policy::BASE.iter().chain(policy::extra(role)) {
+                assert!(
+                    ![
+                        nix::libc::SYS_execve,
+                        nix::libc::SYS_execveat,
+                        nix::libc::SYS_ptrace,
+                        nix::libc::SYS_kill,
+                        nix::libc::SYS_process_vm_readv,
+                        nix::libc::SYS_process_vm_writev,
+                        nix::libc::SYS_io_uring_setup,
+                        nix::libc::SYS_io_uring_enter,
+                        nix::libc::SYS_socketpair,
+                        nix::libc::SYS_bind,
+                        nix::libc::SYS_listen,
+                    ]
+                    .contains(&a.nr),
+                    "{} allows {}",
+                    role.as_str(),
+                    a.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_network_executor_opens_sockets_and_only_the_files_worker_opens_paths() {
+        for role in Role::ALL {
+            let names: Vec<&str> = policy::BASE.iter().chain(policy::extra(role)).map(|a| a.name).collect();
+            assert_eq!(names.contains(&"socket"), role == Role::Network, "{}", role.as_str());
+            assert_eq!(names.contains(&"connect"), role == Role::Network, "{}", role.as_str());
+            assert_eq!(names.contains(&"openat"), role == Role::Files, "{}", role.as_str());
+        }
+    }
+}
