@@ -47,9 +47,11 @@ pub struct Support {
 
 impl Support {
     pub fn detect() -> Support {
-        let seccomp = std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
-            .map(|s| s.split_whitespace().any(|a| a == "kill_process"))
-            .unwrap_or(false);
+        // PR_GET_SECCOMP answers (0, or 2 when a filter such as systemd's
+        // SystemCallFilter= is already installed) wherever seccomp exists;
+        // /proc/sys may be hidden (systemd ProcSubset=pid), so it is not read.
+        // SAFETY: PR_GET_SECCOMP takes no pointers and only reports state.
+        let seccomp = unsafe { nix::libc::prctl(nix::libc::PR_GET_SECCOMP, 0, 0, 0, 0) } >= 0;
         Support { landlock_abi: ll::kernel_abi(), seccomp }
     }
     pub fn full(&self) -> bool {
