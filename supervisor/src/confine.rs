@@ -233,6 +233,20 @@ pub fn confine_supervisor(
     Ok(SupervisorReport { landlock, seccomp: false, no_new_privs: true, dumpable: false, rlimit_core_zero: true })
 }
 
+/// Confine the supervisor proper, after the spawner was forked: it starts
+/// no process (the spawner does), so its domain grants no exec, no TCP and
+/// no writes — only reading files (nothing it needs is written by path: the
+/// audit log and its key were opened before this).
+pub fn confine_supervisor_strict() -> Result<SupervisorReport, ConfineError> {
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)?;
+    nix::sys::prctl::set_dumpable(false)?;
+    nix::sys::prctl::set_no_new_privs()?;
+    let root = open("/", "/")?;
+    let fs = vec![FsRule { fd: root.as_fd(), access: ll::read_dir_access() }];
+    let landlock = ll::restrict(&Grant { fs, connect_tcp: Vec::new() })?;
+    Ok(SupervisorReport { landlock, seccomp: false, no_new_privs: true, dumpable: false, rlimit_core_zero: true })
+}
+
 static SUMMARY: OnceLock<Value> = OnceLock::new();
 
 /// Record what is enforced, for `get_runtime_info`. Workers that start

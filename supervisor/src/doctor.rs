@@ -36,6 +36,18 @@ pub fn probe_main(args: &[String]) -> ExitCode {
     };
     let rest = args.get(2..).unwrap_or_default();
     if role == "supervisor" {
+        let (pargs, _) = ProbeArgs::split(rest);
+        return match confine::confine_supervisor_strict() {
+            Ok(r) => {
+                snowluma_workers::probe_after_confinement(&serde_json::to_value(r).unwrap_or_default(), probe, &pargs)
+            }
+            Err(e) => {
+                snowluma_workers::confine::probe::emit(&json!({"error": e.to_string()}));
+                ExitCode::from(3)
+            }
+        };
+    }
+    if role == "spawner" {
         let (pargs, grant_args) = ProbeArgs::split(rest);
         let ports: Vec<u16> = match snowluma_workers::confine::Grants::from_args(Role::Catalog, &grant_args) {
             Ok(g) => g.tcp_ports,
@@ -129,8 +141,9 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
     let pid = format!("pid={}", s.sibling_pid());
     let outside = format!("path={}", s.dir.join(format!("outside-{role}")).display());
     let mut v = Vec::new();
-    if role != "supervisor" {
-        // The supervisor may read files (it is denied writes, exec, network).
+    if role != "supervisor" && role != "spawner" {
+        // The supervisor and the spawner may read files (they are denied
+        // writes, and the supervisor also exec and network).
         v.push(forbidden(Probe::ReadEtcPasswd, vec![], "read /etc/passwd"));
     }
     v.push(forbidden(Probe::WriteOutside, vec![outside], "create a file outside its roots"));
@@ -150,6 +163,14 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
             v.push(forbidden(Probe::NewSocket, vec![], "open a unix socket"));
         }
         "supervisor" => {
+            // It starts no process, so it needs no network at all.
+            v.push(forbidden(
+                Probe::Connect,
+                vec![format!("port={endpoint_port}")],
+                "connect over TCP (even to the endpoint's port)",
+            ));
+        }
+        "spawner" => {
             // Its domain must contain the network executor's (workers nest
             // inside it), so only the endpoint's port is open to it.
             v.push(forbidden(
@@ -191,7 +212,7 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
 /// The grants a role's probe process starts with (as in service).
 fn grant_args(role: &str, s: &Setup) -> Vec<String> {
     match role {
-        "network" | "supervisor" => vec![format!("ports={}", Setup::port(&s.endpoint))],
+        "network" | "spawner" => vec![format!("ports={}", Setup::port(&s.endpoint))],
         _ => vec![],
     }
 }
@@ -305,7 +326,7 @@ pub fn run(as_json: bool) -> ExitCode {
     let support = confine::Support::detect();
     let mut ok = true;
     let mut roles_out = Vec::new();
-    for role in ["supervisor", "catalog", "network", "files"] {
+    for role in ["supervisor", "spawner", "catalog", "network", "files"] {
         let mut report = Value::Null;
         let mut probes = Vec::new();
         for case in cases(role, &setup) {

@@ -9,6 +9,7 @@ mod policy;
 mod progress;
 mod runtime;
 mod server;
+mod spawner;
 mod tools;
 mod trace;
 mod transfers;
@@ -138,7 +139,32 @@ fn main() -> ExitCode {
     };
     let write_dirs: Vec<std::os::fd::BorrowedFd<'_>> =
         transfer_dirs.iter().map(|d| std::os::fd::AsFd::as_fd(&*d.download_fd)).collect();
-    let supervisor_report = match confine::confine_supervisor(&grants.network_ports, &write_dirs) {
+    // The spawner: forked now, while single-threaded and unconfined, it
+    // takes the workers' union domain (exec of this binary, TCP to the
+    // endpoint's ports, writes beneath the download directory), so that the
+    // supervisor below can give up all three.
+    let exe = match SelfExe::open() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("snowluma-mcp: cannot open its own executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ports = grants.network_ports.clone();
+    let spawner_sock = match spawner::fork(&exe, || match confine::confine_supervisor(&ports, &write_dirs) {
+        Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => Ok(()),
+        Ok(r) => Err(format!("the spawner's Landlock domain is {}", r.landlock.status.as_str())),
+        Err(_) if degraded_ok => Ok(()),
+        Err(e) => Err(format!("the spawner cannot confine itself: {e}")),
+    }) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("snowluma-mcp: cannot start the spawner: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    drop(exe);
+    let supervisor_report = match confine::confine_supervisor_strict() {
         Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => Some(r),
         Ok(r) => {
             eprintln!(
@@ -171,7 +197,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(config, policy, audit, grants, transfer_dirs)) {
+    match rt.block_on(run(config, policy, audit, grants, transfer_dirs, spawner_sock)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server stopped with an error");
@@ -287,10 +313,11 @@ async fn run(
     audit: Option<audit::AuditLog>,
     grants: confine::WorkerGrants,
     transfer_dirs: Option<TransferDirs>,
+    spawner_sock: std::os::fd::OwnedFd,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let exe = Arc::new(SelfExe::open()?);
+    let spawner = spawner::SpawnerClient::start(spawner_sock)?;
     let resolved = resolve_endpoint(config.endpoint.as_deref());
-    let spec = Arc::new(SpawnSpec { exe, log_filter: config.log.clone(), grants });
+    let spec = Arc::new(SpawnSpec { spawner, log_filter: config.log.clone(), grants });
     let catalog = WorkerSlot::start(
         Role::Catalog,
         WorkerConfig::Catalog { denied: policy.denied() },

@@ -8,9 +8,7 @@
 //! worker dies fail with [`CallError::WorkerDied`]; nothing is replayed.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::Stdio;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,8 +16,8 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use snowluma_proto::fdpass::FdReceiver;
 use snowluma_proto::{
-    BUILD_ID, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_ARG, WORKER_IPC_FD,
-    WorkerConfig, read_frame, write_frame,
+    BUILD_ID, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_IPC_FD, WorkerConfig,
+    read_frame, write_frame,
 };
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -55,8 +53,8 @@ impl SelfExe {
         let f = std::fs::File::open("/proc/self/exe")?;
         Ok(SelfExe { fd: f.into() })
     }
-    fn path(&self) -> String {
-        format!("/proc/self/fd/{}", self.fd.as_raw_fd())
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
     }
 }
 
@@ -97,7 +95,8 @@ pub enum ChannelDir {
 }
 
 pub struct SpawnSpec {
-    pub exe: Arc<SelfExe>,
+    /// Workers are started by the spawner (see `spawner.rs`).
+    pub spawner: Arc<crate::spawner::SpawnerClient>,
     pub log_filter: String,
     /// Per-role confinement grants, appended to the worker's argv
     /// (`ports=…`, `unconfined-ok`; see `confine.rs`).
@@ -192,70 +191,6 @@ impl WorkerSlot {
     }
 }
 
-/// Duplicate `fd` to a number of at least 10 (close-on-exec), so that the
-/// child's `dup2` onto the fixed low numbers cannot clobber another source.
-fn high_dup(fd: &impl std::os::fd::AsFd) -> std::io::Result<OwnedFd> {
-    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
-        .map(|raw| {
-            // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that we own.
-            unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) }
-        })
-        .map_err(std::io::Error::from)
-}
-
-/// Spawn one worker with the IPC socket on fd 3 and `extra` descriptors at
-/// their fixed numbers; nothing else is inherited.
-fn spawn_child(
-    role: Role,
-    spec: &SpawnSpec,
-    extra: &[(i32, OwnedFd)],
-) -> std::io::Result<(tokio::process::Child, OwnedFd)> {
-    let (parent, child) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
-        .map_err(std::io::Error::from)?;
-    let mut moves: Vec<(i32, OwnedFd)> = vec![(WORKER_IPC_FD, high_dup(&child)?)];
-    for (target, fd) in extra {
-        moves.push((*target, high_dup(fd)?));
-    }
-    let plan: Vec<(i32, i32)> = moves.iter().map(|(t, fd)| (*t, fd.as_raw_fd())).collect();
-    let mut cmd = std::process::Command::new(spec.exe.path());
-    cmd.arg0("snowluma-mcp")
-        .arg(WORKER_ARG)
-        .arg(role.as_str())
-        .arg(&spec.log_filter)
-        .args(spec.grants.args(role))
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (close_range, dup2) on descriptors it owns;
-    // it allocates nothing (the plan was built before fork) and takes no locks.
-    unsafe {
-        cmd.pre_exec(move || {
-            use nix::libc;
-            // First mark everything from 3 up close-on-exec, in case some
-            // library opened a descriptor without O_CLOEXEC (the executable's
-            // own descriptor must survive until exec opens it, so CLOEXEC,
-            // not close). Old kernels without close_range fall back to the
-            // CLOEXEC discipline of std and tokio.
-            const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-            let _ = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
-            // Then place each inherited descriptor (dup2 clears CLOEXEC on
-            // the target). Every source is >= 10, above every target.
-            for (target, src) in &plan {
-                if libc::dup2(*src, *target) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-    let child_proc = tokio::process::Command::from(cmd).kill_on_drop(true).spawn()?;
-    drop(moves);
-    drop(child);
-    Ok((child_proc, parent))
-}
-
 async fn handshake(stream: &mut UnixStream, role: Role, config: &WorkerConfig) -> Result<u32, String> {
     write_frame(stream, &ToWorker::Hello(Hello { build: BUILD_ID.to_owned(), role }))
         .await
@@ -323,19 +258,27 @@ async fn run_once(
         extra.push((target, theirs));
         our_channel = Some(ours);
     }
-    let (mut child, parent) = spawn_child(role, spec, &extra).map_err(|e| format!("spawn: {e}"))?;
-    drop(extra);
+    let (parent, child_end) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(|e| format!("socketpair: {e}"))?;
+    extra.insert(0, (WORKER_IPC_FD, child_end));
+    let mut child = spec
+        .spawner
+        .spawn(role, &spec.log_filter, spec.grants.args(role), extra)
+        .await
+        .map_err(|e| format!("spawn: {e}"))?;
+    let spawner = spec.spawner.clone();
+    let child_pid = child.pid;
     let std_stream = std::os::unix::net::UnixStream::from(parent);
     std_stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut stream = UnixStream::from_std(std_stream).map_err(|e| e.to_string())?;
     let pid = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut stream, role, config)).await {
         Ok(Ok(pid)) => pid,
         Ok(Err(e)) => {
-            let _ = child.kill().await;
+            spawner.kill(child_pid);
             return Err(e);
         }
         Err(_) => {
-            let _ = child.kill().await;
+            spawner.kill(child_pid);
             return Err("handshake timed out".into());
         }
     };
@@ -391,13 +334,12 @@ async fn run_once(
     let status = tokio::select! {
         _ = reader => {
             // The socket is gone: the worker died or broke protocol.
-            let _ = child.start_kill();
-            child.wait().await.ok()
+            spawner.kill(child_pid);
+            (&mut child.exit).await.ok()
         }
-        s = child.wait() => s.ok(),
+        s = &mut child.exit => s.ok(),
         _ = stop.cancelled() => {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
+            spawner.kill(child_pid);
             None
         }
     };
@@ -417,7 +359,7 @@ async fn run_once(
     }
     if !stop.is_cancelled() {
         match status {
-            Some(s) if std::os::unix::process::ExitStatusExt::signal(&s) == Some(nix::libc::SIGSYS) => tracing::error!(
+            Some(s) if s.signal == Some(nix::libc::SIGSYS) => tracing::error!(
                 worker = name,
                 pid,
                 status = %s,

@@ -198,20 +198,25 @@ impl Mcp {
         self.ok("tools/call", json!({"name": tool, "arguments": args, "_meta": meta}))
     }
 
-    /// Pid of the supervisor's live worker children.
+    /// Pids of the supervisor's descendants (the spawner and the workers it started).
     pub fn worker_pids(&self) -> Vec<i32> {
-        let pid = self.child.id();
-        let path = format!("/proc/{pid}/task/{pid}/children");
-        let mut out: Vec<i32> = Vec::new();
-        // Children may be reported by any thread of the supervisor.
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-            for t in tasks.flatten() {
-                if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
-                    out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        fn children(pid: i32) -> Vec<i32> {
+            let mut out = Vec::new();
+            if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+                for t in tasks.flatten() {
+                    if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                        out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+                    }
                 }
             }
+            out
         }
-        let _ = path;
+        let mut out = Vec::new();
+        let mut queue = children(self.child.id() as i32);
+        while let Some(p) = queue.pop() {
+            queue.extend(children(p));
+            out.push(p);
+        }
         out.sort();
         out.dedup();
         out

@@ -285,7 +285,8 @@ fn default_deny_allow_and_deny_lists() {
     ]);
     a.initialize("2025-11-25");
     fake.fake.set_response("get_cookies", json!({"status": "ok", "retcode": 0, "data": {"cookies": "x"}}));
-    assert!(!is_error(&a.call("invoke_action", json!({"action": "get_cookies", "params": {"domain": "qun.qq.com"}}))));
+    let r = a.call("invoke_action", json!({"action": "get_cookies", "params": {"domain": "qun.qq.com"}}));
+    assert!(!is_error(&r), "{r}\n{}", a.stderr_text());
     let r = a.call("invoke_action", json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "x"}}));
     assert_eq!(diag(&r)["kind"], "policy_denied");
 

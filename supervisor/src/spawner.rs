@@ -1,0 +1,403 @@
+//! The spawner: a small process forked from the supervisor before either
+//! confines itself, which starts, stops and reaps the workers.
+//!
+//! Landlock domains only nest, so a process can never give a child a right
+//! it lacks itself. Workers therefore start from the spawner, whose domain
+//! is the union of the workers' needs (exec of this binary, TCP connect to
+//! the endpoint's ports, write beneath the download directory), while the
+//! supervisor — the process that parses every client message — confines
+//! itself to no network, no file writes and no exec at all.
+//!
+//! Protocol (a `SOCK_SEQPACKET` pair, one message per packet, postcard):
+//! the supervisor sends [`ToSpawner::Spawn`] with the worker's descriptors
+//! attached (SCM_RIGHTS, in the order of `targets`) and [`ToSpawner::Kill`];
+//! the spawner answers [`FromSpawner::Spawned`] / [`FromSpawner::SpawnFailed`]
+//! and reports every exit with [`FromSpawner::Exited`]. When the supervisor
+//! goes away, the spawner kills its workers and exits.
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use serde::{Deserialize, Serialize};
+use snowluma_proto::{Role, WORKER_ARG};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::oneshot;
+
+/// Most descriptors one spawn carries (IPC socket, two directories, a channel).
+const MAX_FDS: usize = 8;
+const MAX_MSG: usize = 8 * 1024;
+
+#[derive(Debug, Serialize, Deserialize)]
+enum ToSpawner {
+    Spawn { req: u64, role: Role, log_filter: String, grant_args: Vec<String>, targets: Vec<i32> },
+    Kill { pid: i32 },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum FromSpawner {
+    Spawned { req: u64, pid: i32 },
+    SpawnFailed { req: u64, error: String },
+    Exited { pid: i32, code: Option<i32>, signal: Option<i32> },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnerError {
+    #[error("spawner i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("spawner: {0}")]
+    Sys(#[from] nix::Error),
+    #[error("spawner protocol: {0}")]
+    Protocol(String),
+    #[error("the spawner is gone")]
+    Gone,
+}
+
+fn send(fd: BorrowedFd<'_>, msg: &impl Serialize, fds: &[RawFd]) -> Result<(), SpawnerError> {
+    let bytes = postcard::to_stdvec(msg).map_err(|e| SpawnerError::Protocol(e.to_string()))?;
+    let iov = [IoSlice::new(&bytes)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsg };
+    sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}
+
+/// One message and its descriptors; `None` at end of stream.
+fn recv<T: for<'de> Deserialize<'de>>(fd: RawFd) -> Result<Option<(T, Vec<OwnedFd>)>, SpawnerError> {
+    let mut buf = vec![0u8; MAX_MSG];
+    let (n, fds) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+        let msg = recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+        let mut fds = Vec::new();
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                for r in raw {
+                    // SAFETY: the kernel just installed this descriptor for us.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(r) });
+                }
+            }
+        }
+        (msg.bytes, fds)
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    let msg = postcard::from_bytes(&buf[..n]).map_err(|e| SpawnerError::Protocol(e.to_string()))?;
+    Ok(Some((msg, fds)))
+}
+
+// ---------------------------------------------------------------- the spawner process
+
+/// Fork the spawner. Must be called while the process is single-threaded
+/// (before the runtime). `confine` runs in the child before it serves and
+/// must give it the workers' union domain. Returns the supervisor's end.
+pub fn fork(
+    exe: &crate::workers::SelfExe,
+    confine: impl FnOnce() -> Result<(), String>,
+) -> Result<OwnedFd, SpawnerError> {
+    let (ours, theirs) = snowluma_proto::fdpass::pair()?;
+    // SAFETY: the process is single-threaded here (no runtime yet), so the
+    // child may run arbitrary code; it never returns into the caller.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Parent { .. } => {
+            drop(theirs);
+            Ok(ours)
+        }
+        nix::unistd::ForkResult::Child => {
+            drop(ours);
+            let code = match child_main(theirs, exe, confine) {
+                Ok(()) => 0,
+                Err(e) => {
+                    tracing::error!(error = %e, "spawner stopped");
+                    1
+                }
+            };
+            std::process::exit(code);
+        }
+    }
+}
+
+fn child_main(
+    sock: OwnedFd,
+    exe: &crate::workers::SelfExe,
+    confine: impl FnOnce() -> Result<(), String>,
+) -> Result<(), SpawnerError> {
+    let _ = nix::sys::prctl::set_name(c"snowluma-spawner");
+    // The client's stdin and stdout are the supervisor's alone.
+    let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    for target in [0, 1] {
+        // SAFETY: dup2 onto the standard descriptors of this fresh child;
+        // nothing else in it holds them.
+        if unsafe { nix::libc::dup2(devnull.as_raw_fd(), target) } < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+    }
+    drop(devnull);
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    // Confine first (the grants are descriptors, e.g. the download
+    // directory), then keep only stderr, the socket and the executable.
+    confine().map_err(SpawnerError::Protocol)?;
+    // The executable moves above every worker descriptor target (the IPC
+    // socket goes to 3, which it might otherwise occupy).
+    let high = nix::fcntl::fcntl(exe.fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64))?;
+    let exe_path = format!("/proc/self/fd/{high}");
+    // Keep only stderr, the socket and the executable.
+    let keep = [sock.as_raw_fd(), high];
+    for fd in 3..1024 {
+        if !keep.contains(&fd) {
+            // SAFETY: closing descriptors this fresh child inherited; the
+            // ones it still needs are kept above.
+            unsafe { nix::libc::close(fd) };
+        }
+    }
+
+    let mut children: HashMap<i32, std::process::Child> = HashMap::new();
+    let raw = sock.as_raw_fd();
+    loop {
+        let mut pfd = [nix::poll::PollFd::new(sock.as_fd(), nix::poll::PollFlags::POLLIN)];
+        let ready = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(100u16)).unwrap_or(0);
+        if ready > 0 {
+            match recv::<ToSpawner>(raw) {
+                Ok(Some((ToSpawner::Spawn { req, role, log_filter, grant_args, targets }, fds))) => {
+                    let reply = match spawn(&exe_path, role, &log_filter, &grant_args, &targets, &fds) {
+                        Ok(child) => {
+                            let pid = child.id() as i32;
+                            children.insert(pid, child);
+                            FromSpawner::Spawned { req, pid }
+                        }
+                        Err(e) => FromSpawner::SpawnFailed { req, error: e.to_string() },
+                    };
+                    drop(fds);
+                    send(sock.as_fd(), &reply, &[])?;
+                }
+                Ok(Some((ToSpawner::Kill { pid }, _))) => {
+                    if let Some(c) = children.get_mut(&pid) {
+                        let _ = c.kill();
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    // The supervisor is gone: so are its workers.
+                    for c in children.values_mut() {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let mut exited = Vec::new();
+        for (pid, c) in children.iter_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                exited.push((*pid, status));
+            }
+        }
+        for (pid, status) in exited {
+            children.remove(&pid);
+            send(sock.as_fd(), &FromSpawner::Exited { pid, code: status.code(), signal: status.signal() }, &[])?;
+        }
+    }
+}
+
+fn spawn(
+    exe_path: &str,
+    role: Role,
+    log_filter: &str,
+    grant_args: &[String],
+    targets: &[i32],
+    fds: &[OwnedFd],
+) -> Result<std::process::Child, SpawnerError> {
+    if targets.len() != fds.len() {
+        return Err(SpawnerError::Protocol("descriptor count mismatch".into()));
+    }
+    // Every source is >= 10 (above every target) so dup2 cannot clobber one.
+    let mut moved = Vec::new();
+    for fd in fds {
+        let raw = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))?;
+        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor we own.
+        moved.push(unsafe { OwnedFd::from_raw_fd(raw) });
+    }
+    let plan: Vec<(i32, i32)> = targets.iter().copied().zip(moved.iter().map(|f| f.as_raw_fd())).collect();
+    let mut cmd = std::process::Command::new(exe_path);
+    cmd.arg0("snowluma-mcp")
+        .arg(WORKER_ARG)
+        .arg(role.as_str())
+        .arg(log_filter)
+        .args(grant_args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    // SAFETY: runs in the forked child before exec; only async-signal-safe
+    // calls (close_range, dup2) on descriptors it owns; the plan was built
+    // before fork, so nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            use nix::libc;
+            const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+            let _ = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
+            for (target, src) in &plan {
+                if libc::dup2(*src, *target) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    drop(moved);
+    Ok(child)
+}
+
+// ---------------------------------------------------------------- the supervisor's client
+
+#[derive(Debug, Clone, Copy)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl std::fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code, self.signal) {
+            (Some(c), _) => write!(f, "exit status {c}"),
+            (None, Some(s)) => write!(f, "signal {s}"),
+            _ => write!(f, "unknown status"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct ClientState {
+    next_req: u64,
+    spawns: HashMap<u64, oneshot::Sender<Result<i32, String>>>,
+    exits: HashMap<i32, oneshot::Sender<ExitInfo>>,
+    early_exits: HashMap<i32, ExitInfo>,
+    gone: bool,
+}
+
+/// The supervisor's handle on the spawner.
+pub struct SpawnerClient {
+    sock: Arc<AsyncFd<OwnedFd>>,
+    state: Arc<Mutex<ClientState>>,
+}
+
+/// A worker started by the spawner.
+pub struct SpawnedChild {
+    pub pid: i32,
+    pub exit: oneshot::Receiver<ExitInfo>,
+}
+
+impl SpawnerClient {
+    /// Start the reader on the current runtime.
+    pub fn start(sock: OwnedFd) -> Result<Arc<SpawnerClient>, SpawnerError> {
+        let flags = nix::fcntl::fcntl(&sock, nix::fcntl::FcntlArg::F_GETFL)?;
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&sock, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+        // SAFETY: the OwnedFd moves into the AsyncFd and stays open and
+        // unchanged for its whole life.
+        let afd = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE | Interest::WRITABLE) }
+            .map_err(|e| e.into_parts().1)?;
+        let client = Arc::new(SpawnerClient { sock: Arc::new(afd), state: Arc::default() });
+        let (sock, state) = (client.sock.clone(), client.state.clone());
+        tokio::spawn(async move {
+            loop {
+                let msg = sock.async_io(Interest::READABLE, |fd| {
+                    recv::<FromSpawner>(fd.as_raw_fd()).map_err(|e| match e {
+                        SpawnerError::Sys(nix::Error::EAGAIN) => std::io::Error::from(std::io::ErrorKind::WouldBlock),
+                        other => std::io::Error::other(other.to_string()),
+                    })
+                });
+                let Ok(Some((msg, _fds))) = msg.await else {
+                    if let Ok(mut s) = state.lock() {
+                        s.gone = true;
+                        s.spawns.clear();
+                        s.exits.clear();
+                    }
+                    tracing::error!("the spawner is gone; workers cannot be restarted");
+                    return;
+                };
+                let Ok(mut s) = state.lock() else { return };
+                match msg {
+                    FromSpawner::Spawned { req, pid } => {
+                        if let Some(tx) = s.spawns.remove(&req) {
+                            let _ = tx.send(Ok(pid));
+                        }
+                    }
+                    FromSpawner::SpawnFailed { req, error } => {
+                        if let Some(tx) = s.spawns.remove(&req) {
+                            let _ = tx.send(Err(error));
+                        }
+                    }
+                    FromSpawner::Exited { pid, code, signal } => {
+                        let info = ExitInfo { code, signal };
+                        match s.exits.remove(&pid) {
+                            Some(tx) => {
+                                let _ = tx.send(info);
+                            }
+                            None => {
+                                s.early_exits.insert(pid, info);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(client)
+    }
+
+    fn send(&self, msg: &ToSpawner, fds: &[RawFd]) -> Result<(), SpawnerError> {
+        // One small packet; the socket's buffer never fills in practice, and
+        // a would-block is reported rather than waited for.
+        send(self.sock.get_ref().as_fd(), msg, fds)
+    }
+
+    /// Start a worker with `fds` placed at their target numbers.
+    pub async fn spawn(
+        &self,
+        role: Role,
+        log_filter: &str,
+        grant_args: Vec<String>,
+        fds: Vec<(i32, OwnedFd)>,
+    ) -> Result<SpawnedChild, SpawnerError> {
+        let (tx, rx) = oneshot::channel();
+        let req = {
+            let mut s = self.state.lock().map_err(|_| SpawnerError::Gone)?;
+            if s.gone {
+                return Err(SpawnerError::Gone);
+            }
+            s.next_req += 1;
+            let req = s.next_req;
+            s.spawns.insert(req, tx);
+            req
+        };
+        let targets: Vec<i32> = fds.iter().map(|(t, _)| *t).collect();
+        let raw: Vec<RawFd> = fds.iter().map(|(_, f)| f.as_raw_fd()).collect();
+        let msg = ToSpawner::Spawn { req, role, log_filter: log_filter.to_owned(), grant_args, targets };
+        self.send(&msg, &raw)?;
+        drop(fds);
+        let pid = rx.await.map_err(|_| SpawnerError::Gone)?.map_err(SpawnerError::Protocol)?;
+        let (etx, erx) = oneshot::channel();
+        {
+            let mut s = self.state.lock().map_err(|_| SpawnerError::Gone)?;
+            match s.early_exits.remove(&pid) {
+                Some(info) => {
+                    let _ = etx.send(info);
+                }
+                None => {
+                    s.exits.insert(pid, etx);
+                }
+            }
+        }
+        Ok(SpawnedChild { pid, exit: erx })
+    }
+
+    pub fn kill(&self, pid: i32) {
+        let _ = self.send(&ToSpawner::Kill { pid }, &[]);
+    }
+}
