@@ -36,6 +36,8 @@ pub enum ConfineError {
     Landlock(#[from] ll::LandlockError),
     #[error("prctl/setrlimit: {0}")]
     Sys(#[from] nix::Error),
+    #[error("seccomp: {0}")]
+    Seccomp(String),
 }
 
 /// What this kernel can enforce.

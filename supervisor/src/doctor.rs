@@ -37,7 +37,13 @@ pub fn probe_main(args: &[String]) -> ExitCode {
     let rest = args.get(2..).unwrap_or_default();
     if role == "supervisor" {
         let (pargs, _) = ProbeArgs::split(rest);
-        return match confine::confine_supervisor_strict() {
+        let confined = confine::confine_supervisor_strict().and_then(|mut r| {
+            snowluma_workers::confine::seccomp::apply_supervisor()
+                .map_err(|e| confine::ConfineError::Seccomp(e.to_string()))?;
+            r.seccomp = true;
+            Ok(r)
+        });
+        return match confined {
             Ok(r) => {
                 snowluma_workers::probe_after_confinement(&serde_json::to_value(r).unwrap_or_default(), probe, &pargs)
             }

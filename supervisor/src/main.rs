@@ -139,6 +139,9 @@ fn main() -> ExitCode {
     };
     let write_dirs: Vec<std::os::fd::BorrowedFd<'_>> =
         transfer_dirs.iter().map(|d| std::os::fd::AsFd::as_fd(&*d.download_fd)).collect();
+    // Name resolution needs /etc and sockets, which the confined supervisor
+    // and executor lack: resolve the endpoint's host now.
+    let resolved = resolve_endpoint(config.endpoint.as_deref());
     // The spawner: forked now, while single-threaded and unconfined, it
     // takes the workers' union domain (exec of this binary, TCP to the
     // endpoint's ports, writes beneath the download directory), so that the
@@ -184,6 +187,25 @@ fn main() -> ExitCode {
         }
     };
     drop(write_dirs);
+    // The supervisor's seccomp allow-list, last: its runtime and everything
+    // after run under it (the spawner, forked earlier, is not bound by it).
+    let supervisor_report = match supervisor_report {
+        Some(mut r) => match snowluma_workers::confine::seccomp::apply_supervisor() {
+            Ok(_) => {
+                r.seccomp = true;
+                Some(r)
+            }
+            Err(e) if degraded_ok => {
+                tracing::warn!(error = %e, "the supervisor's seccomp filter is not installed; continuing ({})", confine::ALLOW_UNCONFINED_VAR);
+                Some(r)
+            }
+            Err(e) => {
+                eprintln!("snowluma-mcp: the supervisor cannot install its seccomp filter: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let roles: Vec<Role> = match (config.endpoint.is_some() && config.mode.executes(), &transfer_dirs) {
         (true, Some(_)) => vec![Role::Catalog, Role::Network, Role::Files],
         (true, None) => vec![Role::Catalog, Role::Network],
@@ -197,7 +219,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(config, policy, audit, grants, transfer_dirs, spawner_sock)) {
+    match rt.block_on(run(config, policy, audit, grants, transfer_dirs, spawner_sock, resolved)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server stopped with an error");
@@ -314,9 +336,9 @@ async fn run(
     grants: confine::WorkerGrants,
     transfer_dirs: Option<TransferDirs>,
     spawner_sock: std::os::fd::OwnedFd,
+    resolved: Vec<std::net::SocketAddr>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let spawner = spawner::SpawnerClient::start(spawner_sock)?;
-    let resolved = resolve_endpoint(config.endpoint.as_deref());
     let spec = Arc::new(SpawnSpec { spawner, log_filter: config.log.clone(), grants });
     let catalog = WorkerSlot::start(
         Role::Catalog,

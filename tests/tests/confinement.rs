@@ -28,13 +28,13 @@ fn doctor_blocks_every_escape_probe_for_every_role() {
     assert!(out.status.success(), "doctor failed: {doc:#}");
     assert_eq!(doc["ok"], true, "{doc:#}");
     let roles: Vec<&str> = doc["roles"].as_array().unwrap().iter().map(|r| r["role"].as_str().unwrap()).collect();
-    assert_eq!(roles, ["supervisor", "catalog", "network", "files"]);
+    assert_eq!(roles, ["supervisor", "spawner", "catalog", "network", "files"]);
     for r in doc["roles"].as_array().unwrap() {
         let c = &r["confinement"];
         assert_eq!(c["landlock"]["status"], "fully_enforced", "{r:#}");
         assert_eq!(c["no_new_privs"], true, "{r:#}");
         assert_eq!(c["dumpable"], false, "{r:#}");
-        if r["role"] != "supervisor" {
+        if r["role"] != "spawner" {
             assert_eq!(c["seccomp"], true, "{r:#}");
         }
         let probes = r["probes"].as_array().unwrap();
@@ -191,4 +191,18 @@ fn a_hostname_endpoint_is_resolved_by_the_supervisor() {
     assert!(!is_error(&r), "{r}");
     assert_eq!(structured(&r)["diagnostics"]["outcome"], "success");
     assert!(!s.stderr_text().contains("SIGSYS"), "{}", s.stderr_text());
+}
+
+#[test]
+fn the_supervisor_itself_runs_under_no_new_privs_and_its_seccomp_filter() {
+    let mut s = Mcp::spawn(&[("SNOWLUMA_MCP_ENDPOINT", "http://127.0.0.1:9/")]);
+    s.initialize("2025-11-25");
+    assert!(!is_error(&s.call("list_categories", json!({}))));
+    let pid = s.child.id() as i32;
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    let info = s.call("get_runtime_info", json!({}));
+    let sup = &structured(&info)["result"]["confinement"]["supervisor"];
+    assert_eq!(sup["seccomp"], true, "{info}");
+    assert_eq!(sup["landlock"]["status"], "fully_enforced", "{info}");
 }

@@ -71,19 +71,26 @@ fn rules(allows: &[&Allow], self_pid: u64) -> Result<BTreeMap<i64, Vec<SeccompRu
 
 /// The compiled filters of a role: the allow-list, then one per errno list.
 pub fn compile(role: Role, mismatch: SeccompAction) -> Result<Vec<BpfProgram>, SeccompError> {
+    compile_lists(policy::extra(role), policy::refused(role), mismatch)
+}
+
+/// Compile [`policy::BASE`] plus `extra`, with `refused` calls answered by
+/// their errno.
+pub fn compile_lists(
+    extra: &[Allow],
+    refused: &[(i32, &[Allow])],
+    mismatch: SeccompAction,
+) -> Result<Vec<BpfProgram>, SeccompError> {
     let arch = arch()?;
     let self_pid = u64::from(std::process::id());
     // Calls refused with an errno must pass the allow-list filter (a kill
     // there would win); the errno filter then answers them.
-    let passed: Vec<Allow> = policy::refused(role)
-        .iter()
-        .flat_map(|(_, list)| list.iter())
-        .map(|a| Allow { name: a.name, nr: a.nr, when: &[] })
-        .collect();
-    let allows: Vec<&Allow> = policy::BASE.iter().chain(policy::extra(role)).chain(passed.iter()).collect();
+    let passed: Vec<Allow> =
+        refused.iter().flat_map(|(_, list)| list.iter()).map(|a| Allow { name: a.name, nr: a.nr, when: &[] }).collect();
+    let allows: Vec<&Allow> = policy::BASE.iter().chain(extra).chain(passed.iter()).collect();
     let allow = SeccompFilter::new(rules(&allows, self_pid)?, mismatch, SeccompAction::Allow, arch)?;
     let mut out = vec![BpfProgram::try_from(allow)?];
-    for (errno, list) in policy::refused(role) {
+    for (errno, list) in refused {
         let list: Vec<&Allow> = list.iter().collect();
         let f = SeccompFilter::new(
             rules(&list, self_pid)?,
@@ -99,7 +106,15 @@ pub fn compile(role: Role, mismatch: SeccompAction) -> Result<Vec<BpfProgram>, S
 /// Install the role's filters on the calling thread. No new privileges must
 /// already be set (it is, by [`super::confine_self`]).
 pub fn apply(role: Role) -> Result<usize, SeccompError> {
-    let programs = compile(role, SeccompAction::KillProcess)?;
+    install(compile(role, SeccompAction::KillProcess)?)
+}
+
+/// The supervisor's filter (see [`policy::SUPERVISOR`]).
+pub fn apply_supervisor() -> Result<usize, SeccompError> {
+    install(compile_lists(policy::SUPERVISOR, policy::SUPERVISOR_REFUSED, SeccompAction::KillProcess)?)
+}
+
+fn install(programs: Vec<BpfProgram>) -> Result<usize, SeccompError> {
     let instructions = programs.iter().map(Vec::len).sum();
     // The allow-list goes last: seccompiler's apply_filter calls
     // prctl(PR_SET_NO_NEW_PRIVS), which the allow-list does not permit.
