@@ -62,7 +62,13 @@ pub fn probe_main(args: &[String]) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        return match confine::confine_supervisor(&ports, &[]) {
+        let confined = confine::confine_supervisor(&ports, &[]).and_then(|mut r| {
+            snowluma_workers::confine::seccomp::apply_spawner()
+                .map_err(|e| confine::ConfineError::Seccomp(e.to_string()))?;
+            r.seccomp = true;
+            Ok(r)
+        });
+        return match confined {
             Ok(r) => {
                 snowluma_workers::probe_after_confinement(&serde_json::to_value(r).unwrap_or_default(), probe, &pargs)
             }

@@ -155,7 +155,13 @@ fn main() -> ExitCode {
     };
     let ports = grants.network_ports.clone();
     let spawner_sock = match spawner::fork(&exe, || match confine::confine_supervisor(&ports, &write_dirs) {
-        Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => Ok(()),
+        Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => {
+            match snowluma_workers::confine::seccomp::apply_spawner() {
+                Ok(_) => Ok(()),
+                Err(_) if degraded_ok => Ok(()),
+                Err(e) => Err(format!("the spawner cannot install its seccomp filter: {e}")),
+            }
+        }
         Ok(r) => Err(format!("the spawner's Landlock domain is {}", r.landlock.status.as_str())),
         Err(_) if degraded_ok => Ok(()),
         Err(e) => Err(format!("the spawner cannot confine itself: {e}")),

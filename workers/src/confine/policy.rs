@@ -243,6 +243,40 @@ pub const SUPERVISOR_REFUSED: &[(i32, &[Allow])] = &[
     ),
 ];
 
+/// The spawner cannot use an allow-list: every worker is exec'ed from it
+/// and stays bound by its filter from the first instruction (filters stack
+/// and survive exec), so its filter is a deny-list of calls that neither it
+/// nor any worker ever needs; each worker then installs its own allow-list.
+pub const SPAWNER_DENY: &[Allow] = &[
+    any("ptrace", libc::SYS_ptrace),
+    any("process_vm_readv", libc::SYS_process_vm_readv),
+    any("process_vm_writev", libc::SYS_process_vm_writev),
+    any("mount", libc::SYS_mount),
+    any("umount2", libc::SYS_umount2),
+    any("pivot_root", libc::SYS_pivot_root),
+    any("chroot", libc::SYS_chroot),
+    any("setns", libc::SYS_setns),
+    any("unshare", libc::SYS_unshare),
+    any("bpf", libc::SYS_bpf),
+    any("perf_event_open", libc::SYS_perf_event_open),
+    any("kexec_load", libc::SYS_kexec_load),
+    any("init_module", libc::SYS_init_module),
+    any("finit_module", libc::SYS_finit_module),
+    any("delete_module", libc::SYS_delete_module),
+    any("keyctl", libc::SYS_keyctl),
+    any("add_key", libc::SYS_add_key),
+    any("request_key", libc::SYS_request_key),
+    any("userfaultfd", libc::SYS_userfaultfd),
+    any("io_uring_setup", libc::SYS_io_uring_setup),
+    any("open_by_handle_at", libc::SYS_open_by_handle_at),
+    any("name_to_handle_at", libc::SYS_name_to_handle_at),
+    any("swapon", libc::SYS_swapon),
+    any("swapoff", libc::SYS_swapoff),
+    any("reboot", libc::SYS_reboot),
+    any("setuid", libc::SYS_setuid),
+    any("setgid", libc::SYS_setgid),
+];
+
 /// The task store is not built yet; until it is, it gets the base only.
 pub const TASKS: &[Allow] = &[];
 

@@ -114,6 +114,19 @@ pub fn apply_supervisor() -> Result<usize, SeccompError> {
     install(compile_lists(policy::SUPERVISOR, policy::SUPERVISOR_REFUSED, SeccompAction::KillProcess)?)
 }
 
+/// The spawner's deny-list (see [`policy::SPAWNER_DENY`]): those calls kill,
+/// everything else is left to the workers' own allow-lists.
+pub fn apply_spawner() -> Result<usize, SeccompError> {
+    let list: Vec<&Allow> = policy::SPAWNER_DENY.iter().collect();
+    let f = SeccompFilter::new(
+        rules(&list, u64::from(std::process::id()))?,
+        SeccompAction::Allow,
+        SeccompAction::KillProcess,
+        arch()?,
+    )?;
+    install(vec![BpfProgram::try_from(f)?])
+}
+
 fn install(programs: Vec<BpfProgram>) -> Result<usize, SeccompError> {
     let instructions = programs.iter().map(Vec::len).sum();
     // The allow-list goes last: seccompiler's apply_filter calls
