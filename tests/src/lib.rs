@@ -292,7 +292,8 @@ impl Fake {
     }
 }
 
-/// CPU time (user + system) of a process and its live children, in seconds.
+/// CPU time (user + system) of a process and all its live descendants
+/// (the spawner and the workers), in seconds.
 pub fn process_tree_cpu_secs(pid: u32) -> f64 {
     let ticks = |p: &str| -> f64 {
         std::fs::read_to_string(format!("/proc/{p}/stat"))
@@ -303,12 +304,14 @@ pub fn process_tree_cpu_secs(pid: u32) -> f64 {
             })
             .unwrap_or(0.0)
     };
-    let mut total = ticks(&pid.to_string());
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
-                for c in children.split_whitespace() {
-                    total += ticks(c);
+    let mut total = 0.0;
+    let mut queue = vec![pid.to_string()];
+    while let Some(p) = queue.pop() {
+        total += ticks(&p);
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
+                    queue.extend(children.split_whitespace().map(str::to_owned));
                 }
             }
         }
