@@ -419,6 +419,44 @@ impl FrameSplitter {
     }
 }
 
+/// Read a stream body frame by frame, with the per-read idle timeout, and
+/// hand each complete frame (including a final one without separator) to
+/// `handle`. `what` names the stream in timeout messages.
+pub(crate) async fn for_each_frame(
+    net: &Net,
+    req: &ExecRequest,
+    resp: &mut reqwest::Response,
+    what: &str,
+    mut handle: impl FnMut(Vec<u8>) -> Result<(), ToolReply>,
+) -> Result<(), ToolReply> {
+    let mut splitter = FrameSplitter::default();
+    loop {
+        let chunk = match tokio::time::timeout(net.timeout, resp.chunk()).await {
+            Err(_) => {
+                return Err(transport_failure(
+                    FailureKind::Timeout,
+                    format!("the {what} was idle for too long"),
+                    req.write,
+                    true,
+                ));
+            }
+            Ok(Err(e)) => return Err(reqwest_failure(&e, req.write, &format!("reading the {what}"))),
+            Ok(Ok(None)) => break,
+            Ok(Ok(Some(c))) => c,
+        };
+        let ready = splitter
+            .push(&chunk, MAX_FRAME_BYTES)
+            .map_err(|m| transport_failure(FailureKind::InvalidResponse, m, req.write, true))?;
+        for raw in ready {
+            handle(raw)?;
+        }
+    }
+    match splitter.finish() {
+        Some(rest) => handle(rest),
+        None => Ok(()),
+    }
+}
+
 fn find(hay: &[u8], needle: &[u8; 4]) -> Option<usize> {
     // Look for the separator's last byte with a fast byte scan, then check.
     let mut i = 3;
@@ -474,7 +512,6 @@ async fn generic_stream(net: &Net, req: &ExecRequest, params: Value, ctx: &Ctx) 
     }
     let upload = req.action == "upload_file_stream";
     let is_reset = upload && params.get("reset").and_then(Value::as_bool) == Some(true);
-    let mut splitter = FrameSplitter::default();
     let mut frames: Vec<Value> = Vec::new();
     let mut terminal: Option<Value> = None;
     let mut text_total = 0usize;
@@ -513,37 +550,16 @@ async fn generic_stream(net: &Net, req: &ExecRequest, params: Value, ctx: &Ctx) 
         }
         Ok(())
     };
-    loop {
-        let chunk = match tokio::time::timeout(net.timeout, resp.chunk()).await {
-            Err(_) => {
-                return transport_failure(
-                    FailureKind::Timeout,
-                    "the stream was idle for too long".into(),
-                    req.write,
-                    true,
-                );
-            }
-            Ok(Err(e)) => return reqwest_failure(&e, req.write, "reading the stream"),
-            Ok(Ok(None)) => break,
-            Ok(Ok(Some(c))) => c,
-        };
-        let ready = match splitter.push(&chunk, MAX_FRAME_BYTES) {
-            Ok(f) => f,
-            Err(m) => return transport_failure(FailureKind::InvalidResponse, m, req.write, true),
-        };
-        for raw in ready {
-            if let Err(reply) = handle(raw, &mut frames, &mut terminal) {
-                return reply;
-            }
-            accepted += 1;
-            if req.progress {
-                ctx.progress(snowluma_proto::Progress { progress: accepted as f64, total: None, message: None });
-            }
+    let read = for_each_frame(net, req, &mut resp, "stream", |raw| {
+        handle(raw, &mut frames, &mut terminal)?;
+        accepted += 1;
+        if req.progress {
+            ctx.progress(snowluma_proto::Progress { progress: accepted as f64, total: None, message: None });
         }
-    }
-    if let Some(rest) = splitter.finish()
-        && let Err(reply) = handle(rest, &mut frames, &mut terminal)
-    {
+        Ok(())
+    })
+    .await;
+    if let Err(reply) = read {
         return reply;
     }
     // A single upload acknowledgement (one frame, type "stream") is complete.

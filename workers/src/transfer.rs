@@ -27,7 +27,9 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use snowluma_proto::{Diagnostics, ExecRequest, FailureKind, Progress, ToolReply};
 
-use crate::network::{FrameSplitter, MAX_FRAME_BYTES, Net, frame_failure, request, reqwest_failure, transport_failure};
+use crate::network::{
+    FrameSplitter, MAX_FRAME_BYTES, Net, for_each_frame, frame_failure, request, reqwest_failure, transport_failure,
+};
 use crate::serve::Ctx;
 
 /// Most file chunks a download may have (as SnowLuma's own limit).
@@ -81,7 +83,6 @@ pub(crate) async fn download(
         return invalid(req, format!("SnowLuma answered the download with HTTP {}", resp.status().as_u16()));
     }
     let mut st = DownloadState { info: None, chunks: 0, bytes: 0, hasher: Sha256::new(), terminal: None };
-    let mut splitter = FrameSplitter::default();
     let mut frame = |raw: Vec<u8>, st: &mut DownloadState| -> Result<(), ToolReply> {
         let f: Value = serde_json::from_slice(&raw).map_err(|_| invalid(req, "a download frame is not JSON"))?;
         if st.terminal.is_some() {
@@ -173,33 +174,7 @@ pub(crate) async fn download(
         }
         Ok(())
     };
-    loop {
-        let chunk = match tokio::time::timeout(net.timeout, resp.chunk()).await {
-            Err(_) => {
-                return transport_failure(
-                    FailureKind::Timeout,
-                    "the download was idle for too long".into(),
-                    req.write,
-                    true,
-                );
-            }
-            Ok(Err(e)) => return reqwest_failure(&e, req.write, "reading the download"),
-            Ok(Ok(None)) => break,
-            Ok(Ok(Some(c))) => c,
-        };
-        let ready = match splitter.push(&chunk, MAX_FRAME_BYTES) {
-            Ok(f) => f,
-            Err(m) => return invalid(req, m),
-        };
-        for raw in ready {
-            if let Err(r) = frame(raw, &mut st) {
-                return r;
-            }
-        }
-    }
-    if let Some(rest) = splitter.finish()
-        && let Err(r) = frame(rest, &mut st)
-    {
+    if let Err(r) = for_each_frame(net, req, &mut resp, "download", |raw| frame(raw, &mut st)).await {
         return r;
     }
     let (Some(terminal), Some((name, _))) = (st.terminal.take(), st.info.take()) else {
