@@ -3,6 +3,7 @@
 //! * [`frame`]: length-prefixed `postcard` frames on the supervisor/worker socket.
 //! * [`msg`]: the typed messages that travel in those frames, and the handshake.
 //! * [`outcome`]: the result/diagnostic envelope every tool returns.
+//! * [`sockio`]: the socket halves the frames travel on (woken for input only).
 //!
 //! JSON values never travel as `serde_json::Value` (postcard is not
 //! self-describing); they travel as [`msg::JsonText`], validated JSON text.
@@ -11,6 +12,7 @@ pub mod fdpass;
 pub mod frame;
 pub mod msg;
 pub mod outcome;
+pub mod sockio;
 
 pub use frame::{FrameError, MAX_FRAME_BYTES, read_frame, write_frame};
 pub use msg::*;

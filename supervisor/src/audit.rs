@@ -59,9 +59,7 @@ struct Inner {
     peer: Option<Peer>,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use crate::trace::hex;
 
 fn sha256_tag(line: &[u8]) -> String {
     format!("sha256:{}", hex(&Sha256::digest(line)))

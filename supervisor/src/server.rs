@@ -29,7 +29,7 @@ use crate::audit::AuditLog;
 use crate::config::{Config, Mode};
 use crate::policy::Policy;
 use crate::tools::{self, ToolKind};
-use crate::trace::CallTrace;
+use crate::trace::{CallTrace, hex};
 use crate::workers::{CallError, WorkerSlot};
 
 /// Five minutes, the spec's lifetime for list and catalog results.
@@ -244,7 +244,8 @@ impl SnowlumaServer {
             Ok(t) => t,
             Err(reply) => return reply,
         };
-        let op_id = hex(&crate::trace::random_bytes::<16>());
+        // The audit operation id (only drawn when auditing is on).
+        let op_id = if self.audit.is_some() { hex(&crate::trace::random_bytes::<16>()) } else { String::new() };
         let record = |phase: &str| {
             let mut m = serde_json::Map::new();
             m.insert("phase".into(), json!(phase));
@@ -364,10 +365,6 @@ impl SnowlumaServer {
     pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
         self.exec_call(ToolKind::Query, json!({"action": action, "params": {}}), trace, cancel, None).await
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn mode_refusal(tool: &str, mode: Mode) -> ToolReply {

@@ -34,8 +34,15 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
 }
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
@@ -75,11 +82,14 @@ fn valid_tracestate(ts: &str) -> bool {
 impl CallTrace {
     pub fn from_meta(meta: &Meta) -> CallTrace {
         let tp = meta.get("traceparent").and_then(|v| v.as_str());
-        let span = hex(&random_bytes::<8>());
+        // One getrandom for both ids: bytes 0..8 the span, 8..24 a new trace.
+        let random = random_bytes::<24>();
+        let span = hex(&random[..8]);
+        let fresh = || hex(&random[8..]);
         let (traceparent, input) = match tp.map(|t| (t, parse_traceparent(t))) {
-            Some((_, Some((trace, flags)))) => (format!("00-{trace}-{span}-{flags}"), TraceInput::Valid),
-            Some((_, None)) => (format!("00-{}-{span}-01", hex(&random_bytes::<16>())), TraceInput::Invalid),
-            None => (format!("00-{}-{span}-01", hex(&random_bytes::<16>())), TraceInput::Absent),
+            Some((_, Some((trace, flags)))) => (["00-", trace, "-", &span, "-", flags].concat(), TraceInput::Valid),
+            Some((_, None)) => (["00-", &fresh(), "-", &span, "-01"].concat(), TraceInput::Invalid),
+            None => (["00-", &fresh(), "-", &span, "-01"].concat(), TraceInput::Absent),
         };
         let raw_state = meta.get("tracestate");
         let (tracestate, rejected) = match (input == TraceInput::Valid, raw_state) {
@@ -111,6 +121,12 @@ mod tests {
 
     fn meta(v: serde_json::Value) -> Meta {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn hex_is_lower_case_and_complete() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(hex(&[]), "");
     }
 
     #[test]

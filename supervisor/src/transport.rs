@@ -282,6 +282,30 @@ impl Peek<'_> {
     }
 }
 
+/// `tools/call`, the hot path, parsed straight into its rmcp type. rmcp's
+/// generic message type is an untagged enum that tries each request kind in
+/// turn (buffering the message and building an error for every miss); this
+/// builds the same value directly: `params._meta` moves into the request's
+/// extensions, exactly as rmcp's own parse leaves it. `None` (malformed
+/// params) falls back to the generic parse and its error reporting.
+fn parse_call_tool(line: &[u8]) -> Option<RxJsonRpcMessage<RoleServer>> {
+    #[derive(serde::Deserialize)]
+    struct Call {
+        id: rmcp::model::RequestId,
+        params: rmcp::model::CallToolRequestParams,
+    }
+    let Call { id, mut params } = serde_json::from_slice(line).ok()?;
+    let meta = params.meta.take();
+    let mut request = rmcp::model::CallToolRequest::new(params);
+    if let Some(meta) = meta {
+        request.extensions.insert(meta);
+    }
+    Some(JsonRpcMessage::Request(rmcp::model::JsonRpcRequest::new(
+        id,
+        rmcp::model::ClientRequest::CallToolRequest(request),
+    )))
+}
+
 fn id_key(id: &rmcp::model::RequestId) -> String {
     serde_json::to_string(id).unwrap_or_default()
 }
@@ -388,7 +412,15 @@ impl Transport<RoleServer> for LineTransport {
                 continue;
             }
             // ... then the typed parse, straight from the bytes.
-            let msg: RxJsonRpcMessage<RoleServer> = match serde_json::from_slice(trimmed) {
+            let fast = match (peek.method.as_deref(), &peek.id) {
+                (Some("tools/call"), Some(_)) => parse_call_tool(trimmed),
+                _ => None,
+            };
+            let parsed = match fast {
+                Some(m) => Ok(m),
+                None => serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(trimmed),
+            };
+            let msg: RxJsonRpcMessage<RoleServer> = match parsed {
                 Ok(m) => m,
                 Err(e) => {
                     match (peek.method.is_some(), peek.id) {
@@ -445,6 +477,37 @@ impl Transport<RoleServer> for LineTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fast `tools/call` parse yields exactly what rmcp's generic parse
+    /// does: same request, same params, same `_meta` in the extensions.
+    #[test]
+    fn fast_tools_call_parse_matches_rmcp() {
+        use rmcp::model::{ClientRequest, RequestMetaObject};
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"query_action","arguments":{"action":"get_status"}}}"#,
+            r#"{"jsonrpc":"2.0","id":"a-b","method":"tools/call","params":{"name":"x","arguments":{"n":1.5,"big":18446744073709551615,"s":"\u00e9"},"_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","progressToken":7,"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"y","requestState":"abc","_meta":{}}}"#,
+        ] {
+            let fast = parse_call_tool(line.as_bytes()).expect("fast parse");
+            let slow: RxJsonRpcMessage<RoleServer> = serde_json::from_str(line).unwrap();
+            assert_eq!(serde_json::to_value(&fast).unwrap(), serde_json::to_value(&slow).unwrap(), "{line}");
+            let parts = |m: &RxJsonRpcMessage<RoleServer>| match m {
+                JsonRpcMessage::Request(r) => match &r.request {
+                    ClientRequest::CallToolRequest(c) => {
+                        (r.id.clone(), c.params.clone(), c.extensions.get::<RequestMetaObject>().cloned())
+                    }
+                    _ => panic!("not a tools/call"),
+                },
+                _ => panic!("not a request"),
+            };
+            assert_eq!(parts(&fast), parts(&slow), "{line}");
+        }
+        // Params that are not a tools/call shape are left to the generic parse.
+        assert!(parse_call_tool(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"x"}"#).is_none());
+        assert!(
+            parse_call_tool(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#).is_none()
+        );
+    }
 
     #[test]
     fn recovers_ids() {

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use snowluma_proto::fdpass::FdReceiver;
+use snowluma_proto::sockio::{SockReader, SockWriter};
 use snowluma_proto::{
     BUILD_ID, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_IPC_FD, WorkerConfig,
     read_frame, write_frame,
 };
-use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -191,18 +191,18 @@ impl WorkerSlot {
     }
 }
 
-async fn handshake(stream: &mut UnixStream, role: Role, config: &WorkerConfig) -> Result<u32, String> {
-    write_frame(stream, &ToWorker::Hello(Hello { build: BUILD_ID.to_owned(), role }))
-        .await
-        .map_err(|e| e.to_string())?;
-    let pid = match read_frame::<_, FromWorker>(stream).await.map_err(|e| e.to_string())? {
+type IpcReader = tokio::io::BufReader<SockReader>;
+
+async fn handshake(rd: &mut IpcReader, wr: &mut SockWriter, role: Role, config: &WorkerConfig) -> Result<u32, String> {
+    write_frame(wr, &ToWorker::Hello(Hello { build: BUILD_ID.to_owned(), role })).await.map_err(|e| e.to_string())?;
+    let pid = match read_frame::<_, FromWorker>(rd).await.map_err(|e| e.to_string())? {
         FromWorker::Ready { build, pid } if build == BUILD_ID => pid,
         FromWorker::Ready { build, .. } => return Err(format!("worker of another build ({build})")),
         FromWorker::Refused { reason } => return Err(format!("worker refused: {reason}")),
         other => return Err(format!("unexpected handshake reply {other:?}")),
     };
-    write_frame(stream, &ToWorker::Configure(config.clone())).await.map_err(|e| e.to_string())?;
-    match read_frame::<_, FromWorker>(stream).await.map_err(|e| e.to_string())? {
+    write_frame(wr, &ToWorker::Configure(config.clone())).await.map_err(|e| e.to_string())?;
+    match read_frame::<_, FromWorker>(rd).await.map_err(|e| e.to_string())? {
         FromWorker::Configured => Ok(pid),
         FromWorker::Refused { reason } => Err(format!("worker refused its configuration: {reason}")),
         other => Err(format!("unexpected configuration reply {other:?}")),
@@ -268,10 +268,10 @@ async fn run_once(
         .map_err(|e| format!("spawn: {e}"))?;
     let spawner = spec.spawner.clone();
     let child_pid = child.pid;
-    let std_stream = std::os::unix::net::UnixStream::from(parent);
-    std_stream.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let mut stream = UnixStream::from_std(std_stream).map_err(|e| e.to_string())?;
-    let pid = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut stream, role, config)).await {
+    let (rd, mut wr) = snowluma_proto::sockio::split_one(parent).map_err(|e| format!("IPC socket: {e}"))?;
+    // One recv per message: the length prefix and the body come from the buffer.
+    let mut rd: IpcReader = tokio::io::BufReader::with_capacity(64 * 1024, rd);
+    let pid = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut rd, &mut wr, role, config)).await {
         Ok(Ok(pid)) => pid,
         Ok(Err(e)) => {
             spawner.kill(child_pid);
@@ -283,7 +283,6 @@ async fn run_once(
         }
     };
     tracing::debug!(worker = name, pid, "worker ready");
-    let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
     let (fd_out, fd_in) = match (attach.channel, our_channel) {
         (Some((_, ChannelDir::ToWorker)), Some(ch)) => (Some(ch), None),

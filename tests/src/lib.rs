@@ -295,6 +295,40 @@ impl Fake {
 /// CPU time (user + system) of a process and all its live descendants
 /// (the spawner and the workers), in seconds.
 pub fn process_tree_cpu_secs(pid: u32) -> f64 {
+    process_tree_cpu_by_name(pid).iter().map(|(_, s)| s).sum()
+}
+
+/// CPU seconds (user + system) of every process in the tree rooted at
+/// `pid`, by process name, summed per name.
+pub fn process_tree_cpu_by_name(pid: u32) -> Vec<(String, f64)> {
+    let mut by_name: Vec<(String, f64)> = Vec::new();
+    let mut queue = vec![pid.to_string()];
+    while let Some(p) = queue.pop() {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            let name = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map(|(n, _)| n.to_owned());
+            let rest: Vec<&str> =
+                stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+            let ticks = rest.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+                + rest.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            let name = name.unwrap_or_default();
+            match by_name.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, s)) => *s += ticks / 100.0,
+                None => by_name.push((name, ticks / 100.0)),
+            }
+        }
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
+                    queue.extend(children.split_whitespace().map(str::to_owned));
+                }
+            }
+        }
+    }
+    by_name
+}
+
+#[allow(dead_code)]
+fn process_tree_cpu_secs_old(pid: u32) -> f64 {
     let ticks = |p: &str| -> f64 {
         std::fs::read_to_string(format!("/proc/{p}/stat"))
             .ok()

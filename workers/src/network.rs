@@ -78,6 +78,9 @@ fn build(cfg: NetworkConfig) -> Result<Net, String> {
         .tls_backend_preconfigured(tls_config()?)
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
+        // Nothing is ever retried. Zero attempts also spares reqwest's retry
+        // layer from cloning every request up front in case it retries.
+        .retry(reqwest::retry::never().max_retries_per_request(0))
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(16)
         .tcp_nodelay(true)
@@ -191,9 +194,55 @@ fn wording(env: &Value) -> Option<String> {
 
 /// Classify a OneBot envelope.
 pub fn classify(env: &Value) -> Diagnostics {
-    let status = env.get("status").and_then(Value::as_str);
-    let retcode = env.get("retcode").and_then(Value::as_i64);
-    let wording = wording(env);
+    classify_fields(env.get("status").and_then(Value::as_str), env.get("retcode").and_then(Value::as_i64), wording(env))
+}
+
+/// The envelope fields that decide an outcome, read without building the
+/// whole response as a `Value` (the response text itself is passed on
+/// unchanged). Every other field is skipped, though still checked as JSON.
+#[derive(serde::Deserialize)]
+struct EnvelopeFields {
+    #[serde(default)]
+    status: Option<Value>,
+    #[serde(default)]
+    retcode: Option<Value>,
+    #[serde(default)]
+    wording: Option<Value>,
+    #[serde(default)]
+    message: Option<Value>,
+    #[serde(default)]
+    msg: Option<Value>,
+}
+
+/// Classify a response body that must be a JSON object; `None` when it is
+/// not one (the caller reports why). Same answers as [`classify`].
+fn classify_body(body: &[u8]) -> Option<Diagnostics> {
+    // A derived struct would also accept an array (fields by position).
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    let f: EnvelopeFields = match serde_json::from_slice(body) {
+        Ok(f) => f,
+        // Not an object, or an object this shortcut cannot read (e.g. a
+        // duplicate key): the general path decides.
+        Err(_) => {
+            let v: Value = serde_json::from_slice(body).ok()?;
+            return v.is_object().then(|| classify(&v));
+        }
+    };
+    let wording = [&f.wording, &f.message, &f.msg]
+        .into_iter()
+        .filter_map(|v| v.as_ref().and_then(Value::as_str))
+        .find(|s| !s.is_empty())
+        .map(str::to_owned);
+    Some(classify_fields(
+        f.status.as_ref().and_then(Value::as_str),
+        f.retcode.as_ref().and_then(Value::as_i64),
+        wording,
+    ))
+}
+
+fn classify_fields(status: Option<&str>, retcode: Option<i64>, wording: Option<String>) -> Diagnostics {
     match (status, retcode) {
         (Some("ok"), Some(0)) => Diagnostics::success(),
         (Some("async"), _) | (_, Some(1)) => Diagnostics::unknown(
@@ -224,14 +273,29 @@ pub fn classify(env: &Value) -> Diagnostics {
 }
 
 pub(crate) fn request(net: &Net, req: &ExecRequest, params: Value) -> reqwest::RequestBuilder {
-    let body = json!({"action": req.action, "params": params});
+    request_with_body(net, req, json!({"action": req.action, "params": params}).to_string())
+}
+
+/// `{"action": ..., "params": ...}` from params text already checked to be
+/// one JSON object, without parsing it into a `Value` and printing it again.
+fn body_text(action: &str, params: &str) -> String {
+    let action = Value::from(action).to_string();
+    [r#"{"action":"#, &action, r#","params":"#, params.trim(), "}"].concat()
+}
+
+/// Whether `text` is exactly one JSON object.
+fn is_json_object(text: &str) -> bool {
+    text.trim_start().starts_with('{') && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
+fn request_with_body(net: &Net, req: &ExecRequest, body: String) -> reqwest::RequestBuilder {
     let mut rb = net
         .client
         .post(net.endpoint.clone())
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .header(reqwest::header::ACCEPT, "application/json")
         .header("traceparent", req.trace.traceparent.as_str())
-        .body(body.to_string());
+        .body(body);
     if let Some(ts) = &req.trace.tracestate {
         rb = rb.header("tracestate", ts.as_str());
     }
@@ -247,11 +311,14 @@ async fn execute(
     req: ExecRequest,
     ctx: &Ctx,
 ) -> ToolReply {
-    let params = match req.params.parse() {
-        Ok(v @ Value::Object(_)) => v,
-        _ => return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object"),
-    };
+    if !is_json_object(&req.params.0) {
+        return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object");
+    }
     if req.stream {
+        let params = match req.params.parse() {
+            Ok(v @ Value::Object(_)) => v,
+            _ => return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object"),
+        };
         let Ok(_permit) = net.streams.clone().try_acquire_owned() else {
             return ToolReply::fail(
                 FailureKind::Execution,
@@ -299,7 +366,7 @@ async fn execute(
         };
     }
     let exchange = async {
-        let resp = request(net, &req, params)
+        let resp = request_with_body(net, &req, body_text(&req.action, &req.params.0))
             .timeout(net.timeout)
             .send()
             .await
@@ -323,31 +390,17 @@ async fn execute(
         },
         _ = ctx.cancel.cancelled() => return cancelled(req.write),
     };
-    let envelope: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(_) => {
-            return transport_failure(
-                FailureKind::InvalidResponse,
-                format!("SnowLuma returned non-JSON (HTTP {status})"),
-                req.write,
-                true,
-            );
-        }
+    let Some(diag) = classify_body(&body) else {
+        let msg = if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() {
+            format!("SnowLuma returned an unexpected response (HTTP {status})")
+        } else {
+            format!("SnowLuma returned non-JSON (HTTP {status})")
+        };
+        return transport_failure(FailureKind::InvalidResponse, msg, req.write, true);
     };
-    if !envelope.is_object() {
-        return transport_failure(
-            FailureKind::InvalidResponse,
-            format!("SnowLuma returned an unexpected response (HTTP {status})"),
-            req.write,
-            true,
-        );
-    }
-    let diag = classify(&envelope);
-    ToolReply {
-        result: Some(JsonText(String::from_utf8_lossy(&body).into_owned())),
-        diagnostics: diag,
-        is_error: false,
-    }
+    // Valid JSON is valid UTF-8, so this never copies.
+    let text = String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    ToolReply { result: Some(JsonText(text)), diagnostics: diag, is_error: false }
 }
 
 pub(crate) fn cancelled(write: bool) -> ToolReply {
@@ -600,6 +653,28 @@ mod tests {
     #[test]
     fn classifies_envelopes() {
         assert_eq!(classify(&json!({"status":"ok","retcode":0,"data":null})).outcome, Outcome::Success);
+        // The shortcut on response bodies agrees with the Value path.
+        for body in [
+            r#"{"status":"ok","retcode":0,"data":{"online":true}}"#,
+            r#"{"status":"failed","retcode":1400,"data":null,"wording":"group_id: is required"}"#,
+            r#"{"status":"failed","retcode":1404,"message":"","msg":"no such action"}"#,
+            r#"{"status":"async","retcode":1}"#,
+            r#"{"data":{}}"#,
+            r#"{"status":"ok","retcode":100}"#,
+            r#"{"status":"ok","retcode":"0"}"#,
+            r#"{"status":"ok","status":"failed","retcode":0}"#,
+        ] {
+            let v: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(classify_body(body.as_bytes()), Some(classify(&v)), "{body}");
+        }
+        for not_object in [&b"[1,2]"[..], b"\"ok\"", b"{\"status\":", b"", b"{} x"] {
+            assert_eq!(classify_body(not_object), None);
+        }
+        assert_eq!(body_text("get_status", " {} "), r#"{"action":"get_status","params":{}}"#);
+        assert_eq!(body_text("a\"b", r#"{"x":[1]}"#), r#"{"action":"a\"b","params":{"x":[1]}}"#);
+        assert!(
+            is_json_object(r#" {"a":1} "#) && !is_json_object("[]") && !is_json_object("{") && !is_json_object("{} {}")
+        );
         let d = classify(&json!({"status":"failed","retcode":1400,"data":null,"wording":"group_id: is required"}));
         assert_eq!((d.outcome, d.kind), (Outcome::Failed, Some(FailureKind::BusinessFailure)));
         assert!(d.message.unwrap().contains("group_id"));

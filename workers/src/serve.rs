@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use snowluma_proto::{
     BUILD_ID, FrameError, FromWorker, Progress, Reply, Request, Role, ToWorker, WorkerConfig, read_frame, write_frame,
 };
-use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -51,10 +50,9 @@ pub trait RoleHandler: Send + Sync + 'static {
 }
 
 pub async fn serve<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Result<(), ServeError> {
-    let std_stream = std::os::unix::net::UnixStream::from(fd);
-    std_stream.set_nonblocking(true)?;
-    let stream = UnixStream::from_std(std_stream)?;
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = snowluma_proto::sockio::split_one(fd)?;
+    // One recv per message: the length prefix and the body come from the buffer.
+    let mut rd = tokio::io::BufReader::with_capacity(64 * 1024, rd);
 
     // Handshake.
     match read_frame::<_, ToWorker>(&mut rd).await? {

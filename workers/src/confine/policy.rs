@@ -72,6 +72,8 @@ pub const BASE: &[Allow] = &[
             &[Cmp::Eq(1, libc::F_SETFD as u64)],
             &[Cmp::Eq(1, libc::F_GETFL as u64)],
             &[Cmp::Eq(1, libc::F_SETFL as u64)],
+            // The IPC socket's sending half is a duplicate (proto::sockio).
+            &[Cmp::Eq(1, libc::F_DUPFD_CLOEXEC as u64)],
         ],
     ),
     // std sets O_NONBLOCK with FIONBIO.
