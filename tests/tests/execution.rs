@@ -145,6 +145,27 @@ fn transport_errors_and_bad_responses_are_tool_errors() {
     assert!(!text(&r).contains("127.0.0.1"), "the endpoint is not shown: {}", text(&r));
 }
 
+/// The executor keeps connections alive between calls; when SnowLuma has
+/// closed one in the meantime, the next call still goes through, exactly
+/// once, on a new connection.
+#[test]
+fn a_connection_closed_by_snowluma_between_calls_is_replaced() {
+    let fake = Fake::start(Some("t0k"));
+    let mut s = session(&fake, "write", &[]);
+    let sends =
+        |fake: &Fake| fake.fake.requests().iter().filter(|q| q.action.as_deref() == Some("send_group_msg")).count();
+    fake.fake.set_fault("get_status", Fault::CloseAfterResponse);
+    for round in 1..=5 {
+        let r = s.call("query_action", json!({"action": "get_status"}));
+        assert_eq!(diag(&r)["outcome"], "success", "round {round}: {r}");
+        let r =
+            s.call("invoke_action", json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "x"}}));
+        assert!(!is_error(&r), "round {round}: {r}");
+        assert_eq!(diag(&r)["outcome"], "success", "round {round}");
+        assert_eq!(sends(&fake), round, "each write reaches SnowLuma exactly once");
+    }
+}
+
 #[test]
 fn timeouts_make_write_outcomes_unknown() {
     let fake = Fake::start(Some("t0k"));

@@ -10,6 +10,7 @@
 pub mod catalog;
 pub mod confine;
 pub mod files;
+mod http1;
 pub mod network;
 pub mod serve;
 pub mod transfer;

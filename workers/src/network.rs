@@ -34,6 +34,8 @@ pub const MAX_ACTIVE_STREAMS: usize = 4;
 
 pub(crate) struct Net {
     pub(crate) client: reqwest::Client,
+    /// The ordinary-call hot path for plain-HTTP endpoints ([`crate::http1`]).
+    direct: Option<crate::http1::Direct>,
     endpoint: reqwest::Url,
     token: Option<String>,
     pub(crate) timeout: Duration,
@@ -87,8 +89,15 @@ fn build(cfg: NetworkConfig) -> Result<Net, String> {
         .connect_timeout(Duration::from_millis(cfg.timeout_ms))
         .build()
         .map_err(|e| format!("HTTP client setup: {}", e.without_url()))?;
+    let direct = crate::http1::Direct::new(
+        &endpoint,
+        &cfg.resolved,
+        cfg.token.as_deref(),
+        Duration::from_millis(cfg.timeout_ms),
+    );
     Ok(Net {
         client,
+        direct,
         endpoint,
         token: cfg.token,
         timeout: Duration::from_millis(cfg.timeout_ms),
@@ -153,6 +162,30 @@ pub(crate) fn reqwest_failure(e: &reqwest::Error, write: bool, stage: &str) -> T
         transport_failure(FailureKind::Transport, format!("cannot connect to SnowLuma ({detail})"), write, false)
     } else {
         transport_failure(FailureKind::Transport, format!("connection to SnowLuma failed ({detail})"), write, true)
+    }
+}
+
+fn direct_failure(f: crate::http1::Failure, write: bool) -> ToolReply {
+    use crate::http1::Failure;
+    match f {
+        Failure::Connect(e) => transport_failure(
+            FailureKind::Transport,
+            format!("cannot connect to SnowLuma (request: {e})"),
+            write,
+            false,
+        ),
+        Failure::Exchange { stage, detail } => transport_failure(
+            FailureKind::Transport,
+            format!("connection to SnowLuma failed ({stage}: {detail})"),
+            write,
+            true,
+        ),
+        Failure::TooLarge => transport_failure(
+            FailureKind::InvalidResponse,
+            format!("SnowLuma's response exceeds {MAX_BODY_BYTES} bytes"),
+            write,
+            true,
+        ),
     }
 }
 
@@ -366,6 +399,19 @@ async fn execute(
         };
     }
     let exchange = async {
+        if let Some(direct) = &net.direct {
+            let body = body_text(&req.action, &req.params.0);
+            return match tokio::time::timeout(net.timeout, direct.post(body, &req.trace, MAX_BODY_BYTES)).await {
+                Ok(Ok(x)) => Ok(x),
+                Ok(Err(f)) => Err(direct_failure(f, req.write)),
+                Err(_) => Err(transport_failure(
+                    FailureKind::Timeout,
+                    "SnowLuma did not answer in time (request: operation timed out)".into(),
+                    req.write,
+                    true,
+                )),
+            };
+        }
         let resp = request_with_body(net, &req, body_text(&req.action, &req.params.0))
             .timeout(net.timeout)
             .send()

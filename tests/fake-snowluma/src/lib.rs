@@ -67,6 +67,9 @@ pub enum Fault {
     OversizeBody(usize),
     /// HTTP 200 with the body `[1,2]`.
     NonObject,
+    /// Answer normally, announcing keep-alive, then close the connection
+    /// anyway (a server whose idle keep-alive timer fired).
+    CloseAfterResponse,
     /// Write the body in pieces of this many bytes (one write, and for Stream
     /// actions one HTTP chunk, per piece) regardless of frame boundaries.
     StreamSplit(usize),

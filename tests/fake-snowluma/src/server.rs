@@ -145,6 +145,13 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
             return write_json(conn, 200, &envelope, keep_alive).await;
         }
         Some(Fault::NonObject) => return write_bytes(conn, 200, b"[1,2]", keep_alive, None).await,
+        Some(Fault::CloseAfterResponse) => {
+            let reply = actions::dispatch(&mut shared.lock(), call);
+            if let Reply::Json { status, body } = reply {
+                let _ = write_bytes(conn, status, &json_bytes(&body), keep_alive, None).await;
+            }
+            return After::Drop;
+        }
         Some(Fault::DisconnectMidBody) => {
             let reply = actions::dispatch(&mut shared.lock(), call);
             disconnect_mid_body(conn, reply).await;

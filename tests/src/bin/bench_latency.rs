@@ -79,6 +79,8 @@ fn relay(args: &[String]) {
                 out.flush().unwrap();
                 line.clear();
             }
+            drop(to_next);
+            let _ = next.wait();
         }
         _ => panic!("unknown relay mode"),
     }
