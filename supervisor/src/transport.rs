@@ -69,7 +69,7 @@ pub struct LineTransport {
     overflow: Option<Vec<u8>>,
     out: Writer,
     state: Arc<Mutex<State>>,
-    server_info: Value,
+    server_info: Arc<Value>,
 }
 
 enum Line {
@@ -98,7 +98,7 @@ impl LineTransport {
             overflow: None,
             out: Arc::new(tokio::sync::Mutex::new(output)),
             state: Arc::default(),
-            server_info,
+            server_info: Arc::new(server_info),
         }
     }
 
@@ -108,8 +108,7 @@ impl LineTransport {
     /// blocking thread, which costs a thread handoff per message.
     pub fn stdio(server_info: Value) -> LineTransport {
         // A socket on stdin (systemd `Accept=yes`) carries both directions:
-        // one stream, split, so that no half is dropped (dropping a write
-        // half would shut the connection down).
+        // one socket, split into a reader and a writer on two descriptors.
         if let Some(ReactorIo::Socket(r, w)) = reactor_stdio(0) {
             return LineTransport::new(r, w, server_info);
         }
@@ -203,9 +202,9 @@ fn reactor_stdio(fd: i32) -> Option<ReactorIo> {
     } else if ft.is_fifo() {
         Some(ReactorIo::PipeOut(Box::new(tokio::net::unix::pipe::Sender::from_file(file).ok()?)))
     } else if ft.is_socket() {
-        let std_stream = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(file));
-        std_stream.set_nonblocking(true).ok()?;
-        let (r, w) = tokio::net::UnixStream::from_std(std_stream).ok()?.into_split();
+        // Woken for input only: a tokio stream would also be woken each time
+        // the client reads a reply (see snowluma_proto::sockio).
+        let (r, w) = snowluma_proto::sockio::split_one(std::os::fd::OwnedFd::from(file)).ok()?;
         Some(ReactorIo::Socket(Box::new(r), Box::new(w)))
     } else {
         None
@@ -282,6 +281,91 @@ impl Peek<'_> {
     }
 }
 
+const SERVER_INFO_KEY: &str = "io.modelcontextprotocol/serverInfo";
+
+/// A completed `tools/call` result of text blocks (what this server
+/// produces), written straight from borrowed fields. rmcp's own
+/// serialization of a result goes through intermediate `Value`s; this
+/// writes the same JSON, field for field and in the same order, with
+/// `serverInfo` appended to `_meta` for modern requests. `None` for any
+/// other response, which takes the general path.
+fn fast_tool_response(
+    r: &rmcp::model::JsonRpcResponse<rmcp::model::ServerResult>,
+    server_info: Option<&Value>,
+) -> Option<Vec<u8>> {
+    use rmcp::model::{ContentBlock, ServerResult};
+    use serde::ser::{SerializeMap, Serializer};
+
+    struct Text<'a>(&'a str);
+    impl serde::Serialize for Text<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut m = s.serialize_map(Some(2))?;
+            m.serialize_entry("type", "text")?;
+            m.serialize_entry("text", self.0)?;
+            m.end()
+        }
+    }
+    struct Meta<'a>(Option<&'a serde_json::Map<String, Value>>, Option<&'a Value>);
+    impl serde::Serialize for Meta<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut m = s.serialize_map(None)?;
+            for (k, v) in self.0.into_iter().flatten() {
+                if self.1.is_none() || k != SERVER_INFO_KEY {
+                    m.serialize_entry(k, v)?;
+                }
+            }
+            if let Some(info) = self.1 {
+                m.serialize_entry(SERVER_INFO_KEY, info)?;
+            }
+            m.end()
+        }
+    }
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Body<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result_type: Option<&'a rmcp::model::ResultType>,
+        content: Vec<Text<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        structured_content: Option<&'a Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        is_error: Option<bool>,
+        #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
+        meta: Option<Meta<'a>>,
+    }
+    #[derive(serde::Serialize)]
+    struct Response<'a> {
+        jsonrpc: &'static str,
+        id: &'a rmcp::model::RequestId,
+        result: Body<'a>,
+    }
+
+    let ServerResult::CallToolResult(res) = &r.result else { return None };
+    let mut content = Vec::with_capacity(res.content.len());
+    for block in &res.content {
+        match block {
+            ContentBlock::Text(t) if t.meta.is_none() && t.annotations.is_none() => content.push(Text(&t.text)),
+            _ => return None,
+        }
+    }
+    let meta = match (&res.meta, server_info) {
+        (None, None) => None,
+        (m, info) => Some(Meta(m.as_ref().map(|m| &m.0), info)),
+    };
+    let out = Response {
+        jsonrpc: "2.0",
+        id: &r.id,
+        result: Body {
+            result_type: res.result_type.as_ref(),
+            content,
+            structured_content: res.structured_content.as_ref(),
+            is_error: res.is_error,
+            meta,
+        },
+    };
+    serde_json::to_vec(&out).ok()
+}
+
 /// `tools/call`, the hot path, parsed straight into its rmcp type. rmcp's
 /// generic message type is an untagged enum that tries each request kind in
 /// turn (buffering the message and building an error for every miss); this
@@ -330,13 +414,19 @@ impl Transport<RoleServer> for LineTransport {
                 Some(key) => state.lock().map(|mut s| s.modern.remove(&key)).unwrap_or(false),
                 None => false,
             };
-            let mut line = if modern {
+            let fast = match &item {
+                JsonRpcMessage::Response(r) => fast_tool_response(r, modern.then_some(&*server_info)),
+                _ => None,
+            };
+            let mut line = if let Some(line) = fast {
+                line
+            } else if modern {
                 // Only modern results need rewriting: add serverInfo to `_meta`.
                 let mut v = serde_json::to_value(&item)?;
                 if let Some(Value::Object(result)) = v.get_mut("result")
                     && let Value::Object(m) = result.entry("_meta").or_insert_with(|| json!({}))
                 {
-                    m.insert("io.modelcontextprotocol/serverInfo".into(), server_info);
+                    m.insert(SERVER_INFO_KEY.into(), Value::clone(&server_info));
                 }
                 serde_json::to_vec(&v)?
             } else {
@@ -507,6 +597,58 @@ mod tests {
         assert!(
             parse_call_tool(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#).is_none()
         );
+    }
+
+    /// The direct writer of tool results produces exactly rmcp's JSON
+    /// (legacy), and rmcp's JSON with serverInfo added to `_meta` (modern).
+    #[test]
+    fn fast_tool_response_matches_rmcp() {
+        use rmcp::model::{CallToolResult, ContentBlock, JsonRpcResponse, MetaObject, ServerResult};
+        let info = json!({"name": "snowluma-mcp", "version": "1"});
+        let mut with_meta = CallToolResult::success(vec![ContentBlock::text("{\n  \"a\": \"é\\n\"\n}")]);
+        with_meta.structured_content =
+            Some(json!({"result": {"a": 1, "b": [null, -5, 1.5]}, "diagnostics": {"outcome": "success"}}));
+        let mut m = MetaObject::new();
+        m.insert("traceparent".into(), json!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+        with_meta.meta = Some(m);
+        let mut error = CallToolResult::error(vec![ContentBlock::text("boom")]);
+        error.structured_content =
+            Some(json!({"result": null, "diagnostics": {"outcome": "failed", "kind": "transport"}}));
+        let mut legacy = CallToolResult::success(vec![]);
+        legacy.result_type = None;
+        for (n, result) in [with_meta, error, legacy].into_iter().enumerate() {
+            let resp = JsonRpcResponse {
+                jsonrpc: rmcp::model::JsonRpcVersion2_0,
+                id: rmcp::model::NumberOrString::Number(n as i64),
+                result: ServerResult::CallToolResult(result),
+            };
+            let fast = fast_tool_response(&resp, None).expect("text-only result");
+            let rmcp_bytes = serde_json::to_vec(&JsonRpcMessage::<
+                rmcp::model::ServerRequest,
+                _,
+                rmcp::model::ServerNotification,
+            >::Response(resp.clone()))
+            .unwrap();
+            assert_eq!(String::from_utf8(fast).unwrap(), String::from_utf8(rmcp_bytes.clone()).unwrap(), "case {n}");
+            let modern = fast_tool_response(&resp, Some(&info)).unwrap();
+            let mut expect: Value = serde_json::from_slice(&rmcp_bytes).unwrap();
+            if let Value::Object(m) =
+                expect["result"].as_object_mut().unwrap().entry("_meta").or_insert_with(|| json!({}))
+            {
+                m.insert(SERVER_INFO_KEY.into(), info.clone());
+            }
+            assert_eq!(String::from_utf8(modern).unwrap(), serde_json::to_string(&expect).unwrap(), "modern case {n}");
+        }
+        // Anything but text blocks is left to rmcp.
+        let resp = JsonRpcResponse {
+            jsonrpc: rmcp::model::JsonRpcVersion2_0,
+            id: rmcp::model::NumberOrString::Number(9),
+            result: ServerResult::CallToolResult(CallToolResult::success(vec![ContentBlock::image(
+                "AAAA",
+                "image/png",
+            )])),
+        };
+        assert!(fast_tool_response(&resp, None).is_none());
     }
 
     #[test]
