@@ -138,6 +138,10 @@ impl WorkerSlot {
     }
 
     async fn conn(&self, cancel: &CancellationToken) -> Result<Arc<Conn>, CallError> {
+        // The usual case, a live worker, needs no wait and no timer.
+        if let Some(c) = self.live.borrow().clone() {
+            return Ok(c);
+        }
         let mut rx = self.live.clone();
         let wait = async {
             loop {

@@ -1,8 +1,13 @@
 //! Benchmark (not a test): per-call latency of `query_action get_status`
 //! through the binary against the fake SnowLuma on loopback, next to a
-//! direct HTTP call to the same fake in the same run.
+//! direct HTTP call to the same fake and to a relay floor (the same request
+//! through two do-nothing processes chained like the server's) in the same
+//! run, with the CPU each process uses per call.
 //!
-//! `cargo run --release -p snowluma-e2e --bin bench-latency [-- N]`
+//! `cargo run --release -p snowluma-e2e --bin bench-latency [-- N]`; prefix
+//! `taskset -c 0` to run everything on one CPU. `BENCH_TOOL` (`ping`,
+//! `get_runtime_info`, `list_categories`) or `BENCH_LINE` (a request line,
+//! `{id}` replaced) measure other requests; `BENCH_NO_RELAY=1` skips the floor.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -62,7 +62,7 @@ pub const BASE: &[Allow] = &[
     any("recvfrom", libc::SYS_recvfrom),
     any("sendto", libc::SYS_sendto),
     any("close", libc::SYS_close),
-    // Dropping tokio's write half of the IPC socket shuts it down.
+    // Shutting down a socket's sending half (proto::sockio, tokio's halves).
     any("shutdown", libc::SYS_shutdown),
     only(
         "fcntl",
