@@ -57,6 +57,8 @@ impl Drop for Conn {
 pub(crate) enum Failure {
     /// No connection could be made: nothing was sent.
     Connect(String),
+    /// A new connection failed before the request was written.
+    NotSent(String),
     /// The exchange failed after the request may have been sent.
     Exchange {
         stage: &'static str,
@@ -132,15 +134,20 @@ impl Direct {
         Err(Failure::Connect(last))
     }
 
-    /// An idle pooled connection that is still open, if any.
-    fn checkout(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().ok()?;
-        while let Some(c) = idle.pop() {
-            if !c.sender.is_closed() && c.sender.is_ready() {
+    /// An idle pooled connection that is still open and ready, if any.
+    async fn checkout(&self) -> Option<Conn> {
+        loop {
+            let mut c = self.idle.lock().ok()?.pop()?;
+            if c.sender.is_closed() {
+                continue;
+            }
+            // Nothing is in flight on an idle connection, so this only waits
+            // for its task to finish the previous exchange; an error means
+            // the connection closed meanwhile (and nothing was sent).
+            if c.sender.ready().await.is_ok() {
                 return Some(c);
             }
         }
-        None
     }
 
     fn checkin(&self, c: Conn) {
@@ -173,7 +180,7 @@ impl Direct {
     /// bytes). Callers bound it with the request timeout and cancellation.
     pub(crate) async fn post(&self, body: String, trace: &TraceContext, cap: usize) -> Result<(u16, Vec<u8>), Failure> {
         let body = Bytes::from(body);
-        let (mut conn, reused) = match self.checkout() {
+        let (mut conn, reused) = match self.checkout().await {
             Some(c) => (c, true),
             None => (self.connect().await?, false),
         };
@@ -181,8 +188,11 @@ impl Direct {
             Ok(r) => r,
             Err(mut e) => {
                 let unsent = e.take_message().is_some();
-                if !(reused && unsent) {
+                if !unsent {
                     return Err(Failure::Exchange { stage: "request", detail: e.into_error().to_string() });
+                }
+                if !reused {
+                    return Err(Failure::NotSent(e.into_error().to_string()));
                 }
                 // The pooled connection closed before the request was
                 // written: it never left, so it goes once on a new one.

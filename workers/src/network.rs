@@ -174,6 +174,12 @@ fn direct_failure(f: crate::http1::Failure, write: bool) -> ToolReply {
             write,
             false,
         ),
+        Failure::NotSent(e) => transport_failure(
+            FailureKind::Transport,
+            format!("connection to SnowLuma failed before the request was sent ({e})"),
+            write,
+            false,
+        ),
         Failure::Exchange { stage, detail } => transport_failure(
             FailureKind::Transport,
             format!("connection to SnowLuma failed ({stage}: {detail})"),
