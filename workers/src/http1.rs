@@ -16,7 +16,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue};
@@ -29,6 +29,12 @@ use snowluma_proto::TraceContext;
 
 /// Idle connections kept per executor.
 const MAX_IDLE: usize = 16;
+/// An idle connection is reused only this long. Node's HTTP server (and so
+/// a typical SnowLuma) closes idle keep-alive connections after 5 s; a
+/// request sent just as the server closes may or may not have been read,
+/// and a write's outcome would then be unknown. Not reusing connections
+/// near that age keeps requests out of that window.
+const IDLE_REUSE: Duration = Duration::from_secs(4);
 
 pub(crate) struct Direct {
     addrs: Vec<SocketAddr>,
@@ -45,6 +51,7 @@ pub(crate) struct Direct {
 struct Conn {
     sender: SendRequest<Full<Bytes>>,
     task: JoinHandle<()>,
+    idle_since: Instant,
 }
 
 impl Drop for Conn {
@@ -129,7 +136,7 @@ impl Direct {
             let task = tokio::spawn(async move {
                 let _ = conn.await;
             });
-            return Ok(Conn { sender, task });
+            return Ok(Conn { sender, task, idle_since: Instant::now() });
         }
         Err(Failure::Connect(last))
     }
@@ -138,7 +145,7 @@ impl Direct {
     async fn checkout(&self) -> Option<Conn> {
         loop {
             let mut c = self.idle.lock().ok()?.pop()?;
-            if c.sender.is_closed() {
+            if c.sender.is_closed() || c.idle_since.elapsed() >= IDLE_REUSE {
                 continue;
             }
             // Nothing is in flight on an idle connection, so this only waits
@@ -150,10 +157,11 @@ impl Direct {
         }
     }
 
-    fn checkin(&self, c: Conn) {
+    fn checkin(&self, mut c: Conn) {
         if c.sender.is_closed() {
             return;
         }
+        c.idle_since = Instant::now();
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < MAX_IDLE
         {

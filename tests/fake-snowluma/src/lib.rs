@@ -68,7 +68,8 @@ pub enum Fault {
     /// HTTP 200 with the body `[1,2]`.
     NonObject,
     /// Answer normally, announcing keep-alive, then close the connection
-    /// anyway (a server whose idle keep-alive timer fired).
+    /// anyway (a server whose idle keep-alive timer fired); the close is
+    /// listed in [`FakeSnowLuma::closed_by_server`].
     CloseAfterResponse,
     /// Write the body in pieces of this many bytes (one write, and for Stream
     /// actions one HTTP chunk, per piece) regardless of frame boundaries.
@@ -118,6 +119,9 @@ pub(crate) struct State {
     pub files: HashMap<String, Arc<Vec<u8>>>,
     pub requests: Vec<RecordedRequest>,
     pub closed: Vec<String>,
+    /// Actions after whose response the server closed the connection itself
+    /// ([`Fault::CloseAfterResponse`]), recorded once the socket is closed.
+    pub server_closed: Vec<String>,
     pub uploads: HashMap<String, stream::UploadStream>,
     pub uploaded: HashMap<String, Vec<u8>>,
 }
@@ -223,6 +227,12 @@ impl FakeSnowLuma {
 
     /// Actions whose client hung up before the answer was complete (during a
     /// `Delay`/`Hang` fault, or while a Stream body was being written).
+    /// Actions whose connection the server closed after answering
+    /// ([`Fault::CloseAfterResponse`]); listed once the socket is closed.
+    pub fn closed_by_server(&self) -> Vec<String> {
+        self.shared.lock().server_closed.clone()
+    }
+
     pub fn closed_while_pending(&self) -> Vec<String> {
         self.shared.lock().closed.clone()
     }

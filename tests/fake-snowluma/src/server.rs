@@ -20,6 +20,8 @@ enum After {
     Close,
     /// Just drop the socket (peer gone, or a fault wants an abrupt end).
     Drop,
+    /// Drop the socket after a complete response, then record the close.
+    DropAfterResponse(String),
 }
 
 pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
@@ -41,6 +43,11 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
             After::KeepAlive => {}
             After::Close => return conn.close_gracefully().await,
             After::Drop => return,
+            After::DropAfterResponse(action) => {
+                drop(conn);
+                shared.lock().server_closed.push(action);
+                return;
+            }
         }
     }
 }
@@ -146,11 +153,12 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
         }
         Some(Fault::NonObject) => return write_bytes(conn, 200, b"[1,2]", keep_alive, None).await,
         Some(Fault::CloseAfterResponse) => {
+            let action = call.action.clone();
             let reply = actions::dispatch(&mut shared.lock(), call);
             if let Reply::Json { status, body } = reply {
                 let _ = write_bytes(conn, status, &json_bytes(&body), keep_alive, None).await;
             }
-            return After::Drop;
+            return After::DropAfterResponse(action);
         }
         Some(Fault::DisconnectMidBody) => {
             let reply = actions::dispatch(&mut shared.lock(), call);
