@@ -326,29 +326,3 @@ pub fn process_tree_cpu_by_name(pid: u32) -> Vec<(String, f64)> {
     }
     by_name
 }
-
-#[allow(dead_code)]
-fn process_tree_cpu_secs_old(pid: u32) -> f64 {
-    let ticks = |p: &str| -> f64 {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|s| {
-                let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
-                Some(rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?)
-            })
-            .unwrap_or(0.0)
-    };
-    let mut total = 0.0;
-    let mut queue = vec![pid.to_string()];
-    while let Some(p) = queue.pop() {
-        total += ticks(&p);
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
-            for t in tasks.flatten() {
-                if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
-                    queue.extend(children.split_whitespace().map(str::to_owned));
-                }
-            }
-        }
-    }
-    total / 100.0
-}
