@@ -143,7 +143,9 @@ fn main() {
         .env_clear()
         .env("SNOWLUMA_MCP_ENDPOINT", &url)
         .env("SNOWLUMA_MCP_TOKEN", "t")
-        .env("SNOWLUMA_MCP_LOG", "warn")
+        // The default log level: every call writes its diagnostic line, as in
+        // production (to /dev/null here, like a client that discards stderr).
+        .stderr(std::process::Stdio::null())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
