@@ -224,11 +224,12 @@ fn strip_url(e: &reqwest::Error) -> String {
 
 /// SnowLuma's human-readable reason in an envelope or frame, if any.
 fn wording(env: &Value) -> Option<String> {
-    ["wording", "message", "msg"]
-        .iter()
-        .filter_map(|k| env.get(*k).and_then(Value::as_str))
-        .find(|s| !s.is_empty())
-        .map(str::to_owned)
+    first_wording(["wording", "message", "msg"].map(|k| env.get(k).and_then(Value::as_str)))
+}
+
+/// The first non-empty of `wording`, `message`, `msg` (in that order).
+fn first_wording(candidates: [Option<&str>; 3]) -> Option<String> {
+    candidates.into_iter().flatten().find(|s| !s.is_empty()).map(str::to_owned)
 }
 
 /// Classify a OneBot envelope.
@@ -269,11 +270,7 @@ fn classify_body(body: &[u8]) -> Option<Diagnostics> {
             return v.is_object().then(|| classify(&v));
         }
     };
-    let wording = [&f.wording, &f.message, &f.msg]
-        .into_iter()
-        .filter_map(|v| v.as_ref().and_then(Value::as_str))
-        .find(|s| !s.is_empty())
-        .map(str::to_owned);
+    let wording = first_wording([&f.wording, &f.message, &f.msg].map(|v| v.as_ref().and_then(Value::as_str)));
     Some(classify_fields(
         f.status.as_ref().and_then(Value::as_str),
         f.retcode.as_ref().and_then(Value::as_i64),
