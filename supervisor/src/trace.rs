@@ -82,8 +82,12 @@ fn valid_tracestate(ts: &str) -> bool {
 impl CallTrace {
     pub fn from_meta(meta: &Meta) -> CallTrace {
         let tp = meta.get("traceparent").and_then(|v| v.as_str());
-        // One getrandom for both ids: bytes 0..8 the span, 8..24 a new trace.
-        let random = random_bytes::<24>();
+        // One getrandom for both ids: bytes 0..8 the span, 8..24 a new trace
+        // (neither may be all zeros).
+        let mut random = random_bytes::<24>();
+        while random[..8].iter().all(|b| *b == 0) || random[8..].iter().all(|b| *b == 0) {
+            random = random_bytes::<24>();
+        }
         let span = hex(&random[..8]);
         let fresh = || hex(&random[8..]);
         let (traceparent, input) = match tp.map(|t| (t, parse_traceparent(t))) {
