@@ -64,7 +64,8 @@ impl Drop for Conn {
 pub(crate) enum Failure {
     /// No connection could be made: nothing was sent.
     Connect(String),
-    /// A new connection failed before the request was written.
+    /// The request was not written (it could not be built, or a new
+    /// connection failed first).
     NotSent(String),
     /// The exchange failed after the request may have been sent.
     Exchange {
@@ -181,7 +182,8 @@ impl Direct {
         if let Some(a) = &self.auth {
             b = b.header(AUTHORIZATION, a.clone());
         }
-        b.body(Full::new(body.clone())).map_err(|e| Failure::Exchange { stage: "request", detail: e.to_string() })
+        // A request that cannot be built was never sent.
+        b.body(Full::new(body.clone())).map_err(|e| Failure::NotSent(e.to_string()))
     }
 
     /// POST `body`; the status and the whole response body (at most `cap`
