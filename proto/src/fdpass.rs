@@ -91,9 +91,7 @@ struct Table {
 impl FdReceiver {
     /// Start reading `channel` on the current runtime.
     pub fn spawn(channel: OwnedFd) -> std::io::Result<FdReceiver> {
-        let flags = nix::fcntl::fcntl(&channel, nix::fcntl::FcntlArg::F_GETFL).map_err(std::io::Error::from)?;
-        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
-        nix::fcntl::fcntl(&channel, nix::fcntl::FcntlArg::F_SETFL(flags)).map_err(std::io::Error::from)?;
+        crate::sockio::set_nonblocking(&channel)?;
         // SAFETY: `channel` is an OwnedFd moved into the AsyncFd, so the
         // descriptor stays open and unchanged for the AsyncFd's whole life.
         let afd =

@@ -48,7 +48,7 @@ impl AsRawFd for Raw {
     }
 }
 
-fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+pub(crate) fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     use nix::fcntl::{FcntlArg, OFlag, fcntl};
     let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL).map_err(io::Error::from)?);
     fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map_err(io::Error::from)?;

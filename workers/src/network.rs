@@ -347,9 +347,6 @@ async fn execute(
     req: ExecRequest,
     ctx: &Ctx,
 ) -> ToolReply {
-    if !is_json_object(&req.params.0) {
-        return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object");
-    }
     if req.stream {
         let params = match req.params.parse() {
             Ok(v @ Value::Object(_)) => v,
@@ -400,6 +397,10 @@ async fn execute(
                 _ = ctx.cancel.cancelled() => cancelled(req.write),
             },
         };
+    }
+    // Ordinary calls: checked, not parsed; the text goes into the body as is.
+    if !is_json_object(&req.params.0) {
+        return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object");
     }
     let exchange = async {
         if let Some(direct) = &net.direct {

@@ -67,12 +67,7 @@ fn relay(args: &[String]) {
             }
         }
         [mode, host] if mode == "--relay-pipe" => {
-            let mut next = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--relay-http", host])
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
+            let mut next = spawn_self(&["--relay-http", host]);
             let mut to_next = next.stdin.take().unwrap();
             let mut from_next = BufReader::new(next.stdout.take().unwrap());
             let mut reply = Vec::new();
@@ -89,6 +84,16 @@ fn relay(args: &[String]) {
         }
         _ => panic!("unknown relay mode"),
     }
+}
+
+/// This benchmark again, as one relay stage, on piped stdin/stdout.
+fn spawn_self(args: &[&str]) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -110,20 +115,15 @@ fn main() {
     let host = fake.fake.addr().to_string();
 
     // Direct HTTP: one keep-alive connection. The sequential phase below
-    // alternates one direct call and one call through the binary, so both
-    // paths see the same machine noise (this VM's scheduling is noisy).
+    // alternates a direct call, a relay-floor call and a call through the
+    // binary, so all three see the same machine noise (this VM is noisy).
     let mut conn = BufReader::new(TcpStream::connect(&host).unwrap());
     conn.get_ref().set_nodelay(true).unwrap();
     for _ in 0..200 {
         direct_call(&mut conn, &host);
     }
 
-    let mut relay_child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--relay-pipe", &host])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut relay_child = spawn_self(&["--relay-pipe", &host]);
     let mut relay_in = relay_child.stdin.take().unwrap();
     let mut relay_out = BufReader::new(relay_child.stdout.take().unwrap());
     let mut relay_line = Vec::new();
