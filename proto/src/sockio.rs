@@ -67,6 +67,33 @@ pub fn split(read: OwnedFd, write: OwnedFd) -> io::Result<(SockReader, SockWrite
     Ok((SockReader { fd }, SockWriter { waiter: None, fd: write }))
 }
 
+/// [`split`] for a socket this process shares with others (stdio): the
+/// descriptors' flags are left as they are (every call here passes
+/// `MSG_DONTWAIT`, so `O_NONBLOCK` is never needed), so a peer or sibling
+/// using the same open file description in blocking mode is unaffected.
+pub fn split_stdio(read: OwnedFd, write: OwnedFd) -> io::Result<(SockReader, SockWriter)> {
+    Ok((SockReader::stdio(read)?, SockWriter::stdio(write)))
+}
+
+impl SockReader {
+    /// A receiving half on a socket whose flags must not change (see
+    /// [`split_stdio`]). Must be called inside a tokio runtime with I/O enabled.
+    pub fn stdio(fd: OwnedFd) -> io::Result<SockReader> {
+        // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so the descriptor
+        // stays open and unchanged for the AsyncFd's whole life.
+        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.into_parts().1)?;
+        Ok(SockReader { fd })
+    }
+}
+
+impl SockWriter {
+    /// A sending half on a socket whose flags must not change (see
+    /// [`split_stdio`]).
+    pub fn stdio(fd: OwnedFd) -> SockWriter {
+        SockWriter { waiter: None, fd }
+    }
+}
+
 /// [`split`] on one descriptor, duplicating it for the sending half.
 pub fn split_one(fd: OwnedFd) -> io::Result<(SockReader, SockWriter)> {
     let write = fd.try_clone()?;
@@ -217,6 +244,34 @@ mod tests {
         assert!(got == expect);
         let aw = writer.await.unwrap();
         assert!(aw.waiter.is_none(), "the write-space registration is dropped once data moves");
+    }
+
+    fn nonblocking(fd: &OwnedFd) -> bool {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL).unwrap()).contains(OFlag::O_NONBLOCK)
+    }
+
+    /// The stdio halves never make a shared socket non-blocking, and still
+    /// move data both ways without blocking the runtime.
+    #[tokio::test]
+    async fn stdio_halves_leave_flags_untouched() {
+        let (a, b) = pair();
+        let (c, d) = pair();
+        let (mut r, mut w) = split_stdio(a.try_clone().unwrap(), c.try_clone().unwrap()).unwrap();
+        assert!(!nonblocking(&a) && !nonblocking(&c), "stdio sockets stay blocking");
+        let (_br, mut bw) = split_one(b).unwrap();
+        let (mut dr, _dw) = split_one(d).unwrap();
+        bw.write_all(b"in").await.unwrap();
+        let mut buf = [0u8; 2];
+        r.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"in");
+        let big: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect();
+        let expect = big.clone();
+        let writer = tokio::spawn(async move { w.write_all(&big).await.unwrap() });
+        let mut got = vec![0u8; expect.len()];
+        dr.read_exact(&mut got).await.unwrap();
+        assert!(got == expect);
+        writer.await.unwrap();
     }
 
     #[tokio::test]

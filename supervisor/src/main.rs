@@ -10,6 +10,7 @@ mod progress;
 mod runtime;
 mod server;
 mod spawner;
+mod stdio;
 mod tools;
 mod trace;
 mod transfers;
@@ -226,7 +227,8 @@ fn main() -> ExitCode {
         }
     };
     match rt.block_on(run(config, policy, audit, grants, transfer_dirs, spawner_sock, resolved)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Ended::Finished) => ExitCode::SUCCESS,
+        Ok(Ended::StdoutGone) => ExitCode::FAILURE,
         Err(e) => {
             tracing::error!(error = %e, "server stopped with an error");
             ExitCode::FAILURE
@@ -343,7 +345,7 @@ async fn run(
     transfer_dirs: Option<TransferDirs>,
     spawner_sock: std::os::fd::OwnedFd,
     resolved: Vec<std::net::SocketAddr>,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<Ended, Box<dyn std::error::Error>> {
     let spawner = spawner::SpawnerClient::start(spawner_sock)?;
     let spec = Arc::new(SpawnSpec { spawner, log_filter: config.log.clone(), grants });
     let catalog = WorkerSlot::start(
@@ -402,12 +404,28 @@ async fn run(
     let server = SnowlumaServer::new(config, Workers { catalog, network, files }, policy, audit, paths);
     let info = serde_json::to_value(server::implementation())?;
     let transport = transport::LineTransport::stdio(info);
+    let stdout = transport.stdout_state();
     let result = match server.serve(transport).await {
-        Ok(running) => running.waiting().await.map(|_| ()).map_err(|e| e.into()),
+        Ok(running) => running.waiting().await.map(|_| Ended::Finished).map_err(|e| e.into()),
+        // stdin ended before the session started (a client that only probed
+        // the command, or went away): an ordinary end, not a failure.
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
+            tracing::info!("stdin ended before the session started");
+            Ok(Ended::Finished)
+        }
         Err(e) => Err(e.into()),
     };
     for s in &slots {
         s.shutdown();
     }
-    result
+    // The transport logged the failure when it happened.
+    if stdout.gone() { Ok(Ended::StdoutGone) } else { result }
+}
+
+/// How a session ended without an error of its own.
+enum Ended {
+    /// stdin reached its end (the client finished).
+    Finished,
+    /// stdout failed: the client is gone; already logged.
+    StdoutGone,
 }

@@ -80,14 +80,27 @@ fn compact_list_schema() -> Value {
         "properties": {
             "count": {"type": "integer"},
             "total": {"type": "integer"},
-            "next_offset": {"type": ["integer", "null"]},
+            "next_offset": nullable(json!({"type": "integer"})),
             "actions": {"type": "array", "items": {"type": "object"}}
         },
         "required": ["count", "actions"]
     })
 }
 
+/// `schema` or `null`. Written as `anyOf` rather than a type array, which
+/// some clients' schema converters do not accept.
+fn nullable(schema: Value) -> Value {
+    json!({"anyOf": [schema, {"type": "null"}]})
+}
+
+/// The tool's `structuredContent`: `result` is the tool's own schema, or
+/// `null` when the call is a tool error (`isError`), so that clients which
+/// validate every result against the advertised schema (the TypeScript SDK
+/// v1 does, errors included) accept error results too.
 fn output_schema(result: Value) -> Arc<JsonObject> {
+    // A schema without a type (the executing tools' envelope) already
+    // admits null.
+    let result = if result.get("type").is_some() { nullable(result) } else { result };
     obj(json!({
         "type": "object",
         "properties": {

@@ -15,6 +15,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rmcp::RoleServer;
@@ -22,7 +23,9 @@ use rmcp::model::JsonRpcMessage;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+
+use crate::stdio::Output;
 
 /// Largest accepted input line (one JSON-RPC message).
 pub const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
@@ -57,7 +60,48 @@ struct State {
     modern: HashSet<String>,
 }
 
-type Writer = Arc<tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Sync + Unpin>>>;
+/// The sending side, shared by rmcp's sends and our own error replies.
+struct Out {
+    w: tokio::sync::Mutex<Output>,
+    /// Set at the first failed write: the reader of stdout is gone.
+    gone: AtomicBool,
+    /// Wakes `receive` so that the session ends once stdout is gone.
+    gone_notify: tokio::sync::Notify,
+}
+
+impl Out {
+    /// Write one message (a complete line). A failed write means stdout's
+    /// reader is gone (or stdout is unusable): nothing more can be
+    /// delivered, so the first failure is logged once and ends the session;
+    /// later messages are discarded without another line.
+    async fn send_line(&self, line: Vec<u8>) {
+        if self.gone.load(Ordering::Acquire) {
+            return;
+        }
+        let res = self.w.lock().await.write_all(line).await;
+        if let Err(e) = res
+            && !self.gone.swap(true, Ordering::AcqRel)
+        {
+            if crate::stdio::is_gone(&e) {
+                tracing::error!(error = %e, "stdout was closed by the client; ending the session");
+            } else {
+                tracing::error!(error = %e, "cannot write to stdout; ending the session");
+            }
+            self.gone_notify.notify_one();
+        }
+    }
+}
+
+type Writer = Arc<Out>;
+
+/// A handle on whether stdout failed, kept across the session.
+pub struct StdoutState(Arc<Out>);
+
+impl StdoutState {
+    pub fn gone(&self) -> bool {
+        self.0.gone.load(Ordering::Acquire)
+    }
+}
 
 pub struct LineTransport {
     reader: BufReader<Box<dyn AsyncRead + Send + Sync + Unpin>>,
@@ -87,40 +131,33 @@ pub enum TransportError {
 }
 
 impl LineTransport {
-    pub fn new(
-        input: Box<dyn AsyncRead + Send + Sync + Unpin>,
-        output: Box<dyn AsyncWrite + Send + Sync + Unpin>,
-        server_info: Value,
-    ) -> LineTransport {
+    pub fn new(input: Box<dyn AsyncRead + Send + Sync + Unpin>, output: Output, server_info: Value) -> LineTransport {
         LineTransport {
             reader: BufReader::with_capacity(64 * 1024, input),
             line: Vec::new(),
             overflow: None,
-            out: Arc::new(tokio::sync::Mutex::new(output)),
+            out: Arc::new(Out {
+                w: tokio::sync::Mutex::new(output),
+                gone: AtomicBool::new(false),
+                gone_notify: tokio::sync::Notify::new(),
+            }),
             state: Arc::default(),
             server_info: Arc::new(server_info),
         }
     }
 
-    /// stdin/stdout. When they are pipes (the usual case for MCP clients)
-    /// or sockets (systemd `Accept=yes`), they are driven by the reactor
-    /// directly; tokio's `stdin()`/`stdout()` hand every read and write to a
-    /// blocking thread, which costs a thread handoff per message.
+    /// stdin/stdout, each direction driven according to what the host gave
+    /// us (see [`crate::stdio`]).
     pub fn stdio(server_info: Value) -> LineTransport {
-        // A socket on stdin (systemd `Accept=yes`) carries both directions:
-        // one socket, split into a reader and a writer on two descriptors.
-        if let Some(ReactorIo::Socket(r, w)) = reactor_stdio(0) {
-            return LineTransport::new(r, w, server_info);
-        }
-        let input: Box<dyn AsyncRead + Send + Sync + Unpin> = match reactor_stdio(0) {
-            Some(ReactorIo::PipeIn(r)) => r,
-            _ => Box::new(tokio::io::stdin()),
-        };
-        let output: Box<dyn AsyncWrite + Send + Sync + Unpin> = match reactor_stdio(1) {
-            Some(ReactorIo::PipeOut(w)) => w,
-            _ => Box::new(tokio::io::stdout()),
-        };
+        let (input, output, in_kind, out_kind) = crate::stdio::open();
+        tracing::debug!(stdin = in_kind.as_str(), stdout = out_kind.as_str(), "stdio");
         LineTransport::new(input, output, server_info)
+    }
+
+    /// Set once stdout has failed: the session ended because the client is
+    /// gone, not because it finished.
+    pub fn stdout_state(&self) -> StdoutState {
+        StdoutState(self.out.clone())
     }
 
     /// Cancel-safe: the only await is `fill_buf`, and bytes are moved into
@@ -158,56 +195,20 @@ impl LineTransport {
         }
     }
 
-    async fn write_value(out: &Writer, v: &Value) -> Result<(), TransportError> {
-        let mut line = serde_json::to_vec(v)?;
-        line.push(b'\n');
-        let mut w = out.lock().await;
-        w.write_all(&line).await?;
-        w.flush().await?;
-        Ok(())
-    }
-
     /// Queue an error response. Written by its own task so that a dropped
     /// `receive` future can never leave half a message on stdout.
     fn reply_error(&self, id: Value, code: i64, message: String) {
         let v = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
         let out = self.out.clone();
         tokio::spawn(async move {
-            if let Err(e) = Self::write_value(&out, &v).await {
-                tracing::warn!(error = %e, "cannot write an error response");
+            match serde_json::to_vec(&v) {
+                Ok(mut line) => {
+                    line.push(b'\n');
+                    out.send_line(line).await;
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot serialize an error response"),
             }
         });
-    }
-}
-
-enum ReactorIo {
-    PipeIn(Box<dyn AsyncRead + Send + Sync + Unpin>),
-    PipeOut(Box<dyn AsyncWrite + Send + Sync + Unpin>),
-    Socket(Box<dyn AsyncRead + Send + Sync + Unpin>, Box<dyn AsyncWrite + Send + Sync + Unpin>),
-}
-
-/// A reactor-driven handle on a duplicate of descriptor `fd` (0 or 1), if
-/// it is a FIFO or a socket.
-fn reactor_stdio(fd: i32) -> Option<ReactorIo> {
-    use std::os::fd::{AsFd, BorrowedFd};
-    use std::os::unix::fs::FileTypeExt;
-    // SAFETY: descriptors 0 and 1 stay open for the life of the process
-    // (nothing in this program closes them); the borrow only lives for dup.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    let owned = borrowed.as_fd().try_clone_to_owned().ok()?;
-    let file = std::fs::File::from(owned);
-    let ft = file.metadata().ok()?.file_type();
-    if ft.is_fifo() && fd == 0 {
-        Some(ReactorIo::PipeIn(Box::new(tokio::net::unix::pipe::Receiver::from_file(file).ok()?)))
-    } else if ft.is_fifo() {
-        Some(ReactorIo::PipeOut(Box::new(tokio::net::unix::pipe::Sender::from_file(file).ok()?)))
-    } else if ft.is_socket() {
-        // Woken for input only: a tokio stream would also be woken each time
-        // the client reads a reply (see snowluma_proto::sockio).
-        let (r, w) = snowluma_proto::sockio::split_one(std::os::fd::OwnedFd::from(file)).ok()?;
-        Some(ReactorIo::Socket(Box::new(r), Box::new(w)))
-    } else {
-        None
     }
 }
 
@@ -433,16 +434,25 @@ impl Transport<RoleServer> for LineTransport {
                 serde_json::to_vec(&item)?
             };
             line.push(b'\n');
-            let mut w = out.lock().await;
-            w.write_all(&line).await?;
-            w.flush().await?;
+            // A write failure is handled (logged once, session ended) by
+            // `send_line`; telling rmcp as well would only log it again.
+            out.send_line(line).await;
             Ok(())
         }
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            let line = match self.read_line().await {
+            if self.out.gone.load(Ordering::Acquire) {
+                return None;
+            }
+            let out = self.out.clone();
+            // `read_line` is cancel-safe, so losing this race loses no input.
+            let read = tokio::select! {
+                () = out.gone_notify.notified() => return None,
+                r = self.read_line() => r,
+            };
+            let line = match read {
                 Ok(Line::Eof) => return None,
                 Ok(Line::Full(bytes)) => bytes,
                 Ok(Line::TooLong(prefix)) => {
@@ -558,8 +568,7 @@ impl Transport<RoleServer> for LineTransport {
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
-        let mut w = self.out.lock().await;
-        w.flush().await?;
+        self.out.w.lock().await.flush().await?;
         Ok(())
     }
 }

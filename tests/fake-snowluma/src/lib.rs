@@ -41,6 +41,13 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+/// The downloadable file of [`FakeSnowLuma::interop_preset`].
+pub const INTEROP_FILE: &str = "interop.bin";
+/// Its size in bytes.
+pub const INTEROP_FILE_BYTES: usize = 256 * 1024;
+/// The `wording` of the preset's business failure.
+pub const INTEROP_FAILURE_WORDING: &str = "group not found";
+
 /// How to start the fake.
 #[derive(Debug, Clone, Default)]
 pub struct FakeOptions {
@@ -255,6 +262,26 @@ impl FakeSnowLuma {
                 () = tokio::time::sleep_until(deadline) => return seen(),
             }
         }
+    }
+
+    /// The fixed set-up the interoperability clients (`tests/interop/`) are
+    /// written against, shared by the Rust harness and `snowluma-fake
+    /// --preset interop`:
+    ///
+    /// * `get_status` answers normally (a read that succeeds);
+    /// * `send_group_msg` answers a business failure (`retcode` 100,
+    ///   `wording` [`INTEROP_FAILURE_WORDING`]): `outcome: "failed"`;
+    /// * [`INTEROP_FILE`] (256 KiB, 4 chunks at the default chunk size) is
+    ///   downloadable by `download_file_stream`;
+    /// * `get_group_list` never answers ([`Fault::Hang`]): the call a
+    ///   client cancels.
+    pub fn interop_preset(&self) {
+        self.set_response(
+            "send_group_msg",
+            serde_json::json!({"status": "failed", "retcode": 100, "data": null, "wording": INTEROP_FAILURE_WORDING}),
+        );
+        self.add_file(INTEROP_FILE, (0..INTEROP_FILE_BYTES).map(|i| (i % 251) as u8).collect());
+        self.set_fault("get_group_list", Fault::Hang);
     }
 
     /// The reassembled bytes of a completed `upload_file_stream` upload.

@@ -1,25 +1,28 @@
 //! `snowluma-fake`: runs the fake SnowLuma server by hand or for benchmarks.
 //!
 //! ```text
-//! snowluma-fake [--token TOKEN] [--port PORT] [--file NAME=PATH]...
+//! snowluma-fake [--token TOKEN] [--port PORT] [--file NAME=PATH]... [--preset interop]
 //! ```
 //!
 //! Prints the endpoint URL (`http://127.0.0.1:<port>/`) as one line on stdout,
 //! then serves until interrupted or killed. `--file` makes a local file
 //! downloadable under NAME by the `download_file*_stream` actions.
+//! `--preset interop` applies [`FakeSnowLuma::interop_preset`], the set-up the
+//! interoperability clients in `tests/interop/` expect.
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use snowluma_fake::{FakeOptions, FakeSnowLuma};
 
-const USAGE: &str = "usage: snowluma-fake [--token TOKEN] [--port PORT] [--file NAME=PATH]...";
+const USAGE: &str = "usage: snowluma-fake [--token TOKEN] [--port PORT] [--file NAME=PATH]... [--preset interop]";
 
 #[derive(Debug, Default)]
 struct Args {
     token: Option<String>,
     port: u16,
     files: Vec<(String, String)>,
+    preset_interop: bool,
     help: bool,
 }
 
@@ -43,6 +46,10 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 let (name, path) = spec.split_once('=').ok_or(format!("--file wants NAME=PATH, got {spec}"))?;
                 parsed.files.push((name.to_string(), path.to_string()));
             }
+            "--preset" => match value()?.as_str() {
+                "interop" => parsed.preset_interop = true,
+                other => return Err(format!("unknown preset: {other} (known: interop)")),
+            },
             "-h" | "--help" => parsed.help = true,
             other => return Err(format!("unknown argument: {other}")),
         }
@@ -71,6 +78,9 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.preset_interop {
+        server.interop_preset();
+    }
     for (name, path) in &args.files {
         match std::fs::read(path) {
             Ok(bytes) => server.add_file(name, bytes),
@@ -110,5 +120,7 @@ mod tests {
         assert!(parse(&["--port", "x"]).is_err());
         assert!(parse(&["--port"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
+        assert!(parse(&["--preset", "interop"]).unwrap().preset_interop);
+        assert!(parse(&["--preset", "x"]).is_err());
     }
 }

@@ -227,6 +227,11 @@ pub const SUPERVISOR: &[Allow] = &[
     any("sched_getaffinity", libc::SYS_sched_getaffinity),
     any("clock_nanosleep", libc::SYS_clock_nanosleep),
     any("nanosleep", libc::SYS_nanosleep),
+    // The blocking stdout writer (a file, tty, or a pipe stderr shares)
+    // waits for space in poll when the host handed it a non-blocking
+    // descriptor (supervisor/src/stdio.rs).
+    any("poll", libc::SYS_poll),
+    any("ppoll", libc::SYS_ppoll),
     any("uname", libc::SYS_uname),
     only("prctl", libc::SYS_prctl, &[&[Cmp::Eq(0, libc::PR_SET_NAME as u64)]]),
     any("openat", libc::SYS_openat),

@@ -1,0 +1,264 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The binary answers on stdout, completely, however a host wires its
+//! stdio: each of stdin and stdout a pipe (Python hosts), a socketpair
+//! (Node/Electron hosts: Claude Desktop, Claude Code, Cursor, VS Code), one
+//! shared socket (systemd `Accept=yes`), a regular file or `/dev/null`.
+//!
+//! Every combination gets `initialize`, the catalog resource (a reply of
+//! several hundred KiB, larger than any socket or pipe buffer) and a burst
+//! of 200 pipelined requests, written before any reply is read, then EOF.
+//! Every reply must arrive on stdout, once, complete; nothing on stdin.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+use std::thread;
+
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use serde_json::{Value, json};
+use snowluma_e2e::{SAFETY, bin_path};
+
+const BURST: i64 = 200;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Pipe,
+    Socketpair,
+    File,
+    DevNull,
+}
+
+const ENDS: [End; 4] = [End::Pipe, End::Socketpair, End::File, End::DevNull];
+
+/// The whole session as the client writes it: initialize, initialized,
+/// the catalog resource, then the burst.
+fn requests() -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut push = |v: Value| {
+        out.extend_from_slice(serde_json::to_string(&v).unwrap().as_bytes());
+        out.push(b'\n');
+    };
+    push(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "matrix", "version": "1"}}}));
+    push(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    push(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": "snowluma://onebot/actions"}}),
+    );
+    for i in 0..BURST {
+        let id = 3 + i;
+        let call = if i % 2 == 0 {
+            json!({"name": "get_action", "arguments": {"name": "get_status"}})
+        } else {
+            json!({"name": "list_categories", "arguments": {}})
+        };
+        push(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": call}));
+    }
+    out
+}
+
+fn pipe() -> (OwnedFd, OwnedFd) {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap()
+}
+
+fn pair() -> (OwnedFd, OwnedFd) {
+    socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC).unwrap()
+}
+
+/// Check a complete stdout transcript: every id once, each reply whole.
+fn check(label: &str, out: &[u8]) {
+    let text = std::str::from_utf8(out).unwrap_or_else(|e| panic!("{label}: stdout is not UTF-8: {e}"));
+    assert!(text.ends_with('\n'), "{label}: the last reply is cut short");
+    let mut ids = BTreeSet::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{label}: a reply is not JSON ({e})"));
+        assert!(v.get("error").is_none(), "{label}: error reply {v}");
+        let id = v["id"].as_i64().unwrap_or_else(|| panic!("{label}: reply without id: {v}"));
+        assert!(ids.insert(id), "{label}: reply {id} arrived twice");
+        if id == 2 {
+            let catalog = v["result"]["contents"][0]["text"].as_str().unwrap();
+            let parsed: Value = serde_json::from_str(catalog).unwrap();
+            assert_eq!(parsed["actions"].as_array().map(Vec::len), Some(179), "{label}: catalog incomplete");
+        }
+    }
+    let expected: BTreeSet<i64> = (1..=2 + BURST).collect();
+    assert_eq!(ids, expected, "{label}: missing replies");
+}
+
+/// Run one combination; returns what arrived on stdout (None when stdout
+/// is /dev/null) and what came back on stdin's side.
+fn run(stdin: End, stdout: End) -> (Option<Vec<u8>>, Vec<u8>) {
+    let label = format!("stdin {stdin:?} x stdout {stdout:?}");
+    let input = requests();
+    let dir = std::env::temp_dir().join(format!("snowluma-matrix-{}-{stdin:?}-{stdout:?}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    // stdin: the child's end, and ours to write (pipe/socketpair) or nothing.
+    let (child_in, our_in): (Stdio, Option<OwnedFd>) = match stdin {
+        End::Pipe => {
+            let (r, w) = pipe();
+            (Stdio::from(r), Some(w))
+        }
+        End::Socketpair => {
+            let (a, b) = pair();
+            (Stdio::from(a), Some(b))
+        }
+        End::File => {
+            let path = dir.join("stdin");
+            std::fs::write(&path, &input).unwrap();
+            (Stdio::from(File::open(&path).unwrap()), None)
+        }
+        End::DevNull => (Stdio::null(), None),
+    };
+    let out_path = dir.join("stdout");
+    let (child_out, our_out): (Stdio, Option<OwnedFd>) = match stdout {
+        End::Pipe => {
+            let (r, w) = pipe();
+            (Stdio::from(w), Some(r))
+        }
+        End::Socketpair => {
+            let (a, b) = pair();
+            (Stdio::from(a), Some(b))
+        }
+        End::File => (Stdio::from(File::create(&out_path).unwrap()), None),
+        End::DevNull => (Stdio::null(), None),
+    };
+    let mut child = Command::new(bin_path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(child_in)
+        .stdout(child_out)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Everything is written before any reply is read. On a socketpair the
+    // writer then half-closes (EOF for the server) and collects anything the
+    // server sends back into stdin's socket, which must be nothing.
+    let is_socket = stdin == End::Socketpair;
+    let writer = our_in.map(|fd| {
+        let input = input.clone();
+        thread::spawn(move || {
+            let mut f = File::from(fd);
+            f.write_all(&input).unwrap();
+            let mut back = Vec::new();
+            if is_socket {
+                nix::sys::socket::shutdown(f.as_raw_fd(), nix::sys::socket::Shutdown::Write).unwrap();
+                f.read_to_end(&mut back).unwrap();
+            }
+            back
+        })
+    });
+    let reader = our_out.map(|fd| {
+        thread::spawn(move || {
+            let mut out = Vec::new();
+            File::from(fd).read_to_end(&mut out).unwrap();
+            out
+        })
+    });
+    let status = wait_with_deadline(&mut child, &label);
+    assert!(status.success(), "{label}: exit status {status}");
+    let back = writer.map(|w| w.join().unwrap()).unwrap_or_default();
+    let out = match (stdout, reader) {
+        (_, Some(r)) => Some(r.join().unwrap()),
+        (End::File, None) => {
+            let mut f = File::open(&out_path).unwrap();
+            f.rewind().unwrap();
+            let mut v = Vec::new();
+            f.read_to_end(&mut v).unwrap();
+            Some(v)
+        }
+        _ => None,
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    (out, back)
+}
+
+fn wait_with_deadline(child: &mut std::process::Child, label: &str) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + SAFETY;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{label}: the server did not exit after stdin's EOF");
+        }
+        thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn every_stdin_stdout_combination_gets_every_reply_on_stdout() {
+    for stdin in ENDS {
+        for stdout in ENDS {
+            let label = format!("stdin {stdin:?} x stdout {stdout:?}");
+            let (out, back) = run(stdin, stdout);
+            assert!(back.is_empty(), "{label}: the server wrote into stdin's socket");
+            match (stdin, out) {
+                // No input: no session, no output.
+                (End::DevNull, Some(out)) => assert!(out.is_empty(), "{label}: output without input"),
+                (_, Some(out)) => check(&label, &out),
+                (_, None) => {}
+            }
+        }
+    }
+}
+
+/// systemd `Accept=yes`: one connected socket as both stdin and stdout.
+#[test]
+fn one_shared_socket_carries_both_directions() {
+    let (ours, theirs) = pair();
+    let theirs_out = theirs.try_clone().unwrap();
+    let mut child = Command::new(bin_path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::from(theirs_out))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let write_end = ours.try_clone().unwrap();
+    let writer = thread::spawn(move || {
+        let mut f = File::from(write_end);
+        f.write_all(&requests()).unwrap();
+        // Half-close: EOF for the server's reads, replies still flow back.
+        nix::sys::socket::shutdown(f.as_raw_fd(), nix::sys::socket::Shutdown::Write).unwrap();
+    });
+    let mut out = Vec::new();
+    File::from(ours).read_to_end(&mut out).unwrap();
+    writer.join().unwrap();
+    let status = wait_with_deadline(&mut child, "shared socket");
+    assert!(status.success(), "shared socket: exit status {status}");
+    check("shared socket", &out);
+}
+
+/// `2>&1`: stdout and stderr are one pipe. The replies are written by the
+/// blocking writer (the pipe stays blocking for the log writer) and still
+/// all arrive, whole, between the diagnostic lines.
+#[test]
+fn stdout_and_stderr_on_one_pipe() {
+    let (r, w) = pipe();
+    let (in_r, in_w) = pipe();
+    let mut child = Command::new(bin_path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        // Only the startup line naming the writer: log lines written while a
+        // reply is being written could land inside it (the host chose `2>&1`).
+        .env("SNOWLUMA_MCP_LOG", "warn,snowluma_mcp::transport=debug")
+        .stdin(Stdio::from(in_r))
+        .stdout(Stdio::from(w.try_clone().unwrap()))
+        .stderr(Stdio::from(w))
+        .spawn()
+        .unwrap();
+    let writer = thread::spawn(move || File::from(in_w).write_all(&requests()).unwrap());
+    let mut out = Vec::new();
+    File::from(r).read_to_end(&mut out).unwrap();
+    writer.join().unwrap();
+    let status = wait_with_deadline(&mut child, "2>&1");
+    assert!(status.success(), "2>&1: exit status {status}");
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("stdout=\"blocking\""), "the shared pipe is written by the blocking writer");
+    let replies: String = text.lines().filter(|l| l.starts_with('{')).map(|l| format!("{l}\n")).collect();
+    check("2>&1", replies.as_bytes());
+}
