@@ -43,6 +43,9 @@ pub struct Action {
     pub required: Vec<String>,
     /// The complete contract, as `get_action` returns it.
     pub doc: Value,
+    /// Lower-cased name, aliases, summary and Chinese summary, computed
+    /// once for search ([`search::search_text`]).
+    pub search_text: [String; 4],
 }
 
 impl Action {
@@ -122,12 +125,15 @@ impl Catalog {
                 Some(Value::Array(r)) => r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
                 _ => Vec::new(),
             };
+            let (name, aliases, summary, summary_zh) =
+                (s("name")?, strings("aliases")?, s("summary")?, s("summary_zh")?);
             let action = Action {
-                name: s("name")?,
-                aliases: strings("aliases")?,
+                search_text: search::search_text(&name, &aliases, &summary, &summary_zh),
+                name,
+                aliases,
                 category: s("category")?,
-                summary: s("summary")?,
-                summary_zh: s("summary_zh")?,
+                summary,
+                summary_zh,
                 description: s("description")?,
                 read_only: a["readOnly"].as_bool().ok_or_else(|| shape("readOnly"))?,
                 stream: a["stream"].as_bool().ok_or_else(|| shape("stream"))?,

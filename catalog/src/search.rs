@@ -3,10 +3,16 @@
 //! * `substring` (the default and the original behaviour): the whole query,
 //!   case-insensitively, is a substring of the name, a summary or an alias;
 //!   results keep catalog order. An empty query matches everything.
-//! * `keywords`: space-separated terms combined with AND; each term also
-//!   matches its synonyms from a small Chinese/English table; exact names
-//!   and aliases rank first, then matches in names, then the rest, each
-//!   group in catalog order.
+//! * `keywords`: space-separated terms combined with AND (at most
+//!   [`MAX_TERMS`]); each term matches as a substring, and also matches its
+//!   synonyms from a small Chinese/English table, English synonyms as whole
+//!   words only (so that `mute`'s synonym `ban` finds `set_group_ban` but
+//!   not "banner"); exact names and aliases rank first, then matches in
+//!   names, then the rest, each group in catalog order.
+//!
+//! A query is parsed once per request ([`SubstringQuery`],
+//! [`KeywordQuery`]); the actions' lower-cased texts are computed once per
+//! process ([`Action::search_text`]).
 
 use crate::Action;
 
@@ -15,8 +21,8 @@ use crate::Action;
 const SYNONYMS: &[&[&str]] = &[
     &["群", "group", "qun"],
     &["好友", "friend", "buddy"],
-    &["禁言", "ban", "mute", "shut"],
-    &["踢", "踢人", "kick", "remove"],
+    &["禁言", "ban", "mute"],
+    &["踢", "踢人", "kick"],
     &["消息", "message", "msg"],
     &["发送", "发", "send", "post"],
     &["撤回", "recall", "delete_msg"],
@@ -56,49 +62,193 @@ const SYNONYMS: &[&[&str]] = &[
     &["加群", "add"],
 ];
 
-fn expand(term: &str) -> Vec<String> {
-    let t = term.to_lowercase();
-    let mut out = vec![t.clone()];
+/// Most terms a keyword query may have: each term costs a pass over the
+/// catalog, and no real query needs more.
+pub const MAX_TERMS: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    #[error("the query has {given} terms; at most {max} are allowed")]
+    TooManyTerms { given: usize, max: usize },
+}
+
+/// One way a term can match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Alt {
+    text: String,
+    /// Only between non-alphanumeric characters (an English synonym).
+    whole_word: bool,
+}
+
+impl Alt {
+    fn found_in(&self, hay: &str) -> bool {
+        if !self.whole_word {
+            return hay.contains(&self.text);
+        }
+        let is_word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric());
+        hay.match_indices(&self.text)
+            .any(|(i, m)| !is_word(hay[..i].chars().next_back()) && !is_word(hay[i + m.len()..].chars().next()))
+    }
+}
+
+/// A term and its synonyms. The term itself matches as a substring (the
+/// original behaviour); a synonym that is a Latin word matches whole words
+/// only, a Chinese one as a substring (Chinese has no spaces between words).
+fn expand(term: &str) -> Vec<Alt> {
+    let mut out = vec![Alt { text: term.to_owned(), whole_word: false }];
     for group in SYNONYMS {
-        if group.iter().any(|g| g.to_lowercase() == t) {
-            out.extend(group.iter().map(|g| g.to_lowercase()));
+        if group.iter().any(|g| g.to_lowercase() == term) {
+            for g in group.iter().map(|g| g.to_lowercase()) {
+                if g != term && !out.iter().any(|a| a.text == g) {
+                    let whole_word = g.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                    out.push(Alt { text: g, whole_word });
+                }
+            }
         }
     }
-    out.sort();
-    out.dedup();
     out
 }
 
-fn haystacks(a: &Action) -> [String; 4] {
-    [a.name.to_lowercase(), a.aliases.join(" ").to_lowercase(), a.summary.to_lowercase(), a.summary_zh.to_lowercase()]
+/// The lower-cased texts a query is matched against: name, aliases,
+/// English summary, Chinese summary.
+pub fn search_text(name: &str, aliases: &[String], summary: &str, summary_zh: &str) -> [String; 4] {
+    [name.to_lowercase(), aliases.join(" ").to_lowercase(), summary.to_lowercase(), summary_zh.to_lowercase()]
 }
 
-/// The original matching rule.
-pub fn substring_match(a: &Action, query: &str) -> bool {
-    let q = query.to_lowercase();
-    q.is_empty() || haystacks(a).iter().any(|h| h.contains(&q))
+/// The original matching rule, with the query lower-cased once.
+#[derive(Debug)]
+pub struct SubstringQuery(String);
+
+impl SubstringQuery {
+    pub fn new(query: &str) -> SubstringQuery {
+        SubstringQuery(query.to_lowercase())
+    }
+
+    pub fn matches(&self, a: &Action) -> bool {
+        self.0.is_empty() || a.search_text.iter().any(|h| h.contains(&self.0))
+    }
 }
 
-/// Rank of `a` for a keyword query, or `None` when some term does not match.
-/// Lower ranks come first.
-pub fn keyword_rank(a: &Action, query: &str) -> Option<u8> {
-    let q = query.trim().to_lowercase();
-    let terms: Vec<Vec<String>> = q.split_whitespace().map(expand).collect();
-    if terms.is_empty() {
-        return Some(2);
-    }
-    if a.name.to_lowercase() == q || a.aliases.iter().any(|al| al.to_lowercase() == q) {
-        return Some(0);
-    }
-    let [name, aliases, summary, summary_zh] = haystacks(a);
-    let mut all_in_name = true;
-    for alts in &terms {
-        let in_name = alts.iter().any(|t| name.contains(t) || aliases.contains(t));
-        let anywhere = in_name || alts.iter().any(|t| summary.contains(t) || summary_zh.contains(t));
-        if !anywhere {
-            return None;
+/// A parsed keyword query.
+#[derive(Debug)]
+pub struct KeywordQuery {
+    whole: String,
+    terms: Vec<Vec<Alt>>,
+}
+
+impl KeywordQuery {
+    pub fn parse(query: &str) -> Result<KeywordQuery, QueryError> {
+        let whole = query.trim().to_lowercase();
+        let given = whole.split_whitespace().count();
+        if given > MAX_TERMS {
+            return Err(QueryError::TooManyTerms { given, max: MAX_TERMS });
         }
-        all_in_name &= in_name;
+        let terms = whole.split_whitespace().map(expand).collect();
+        Ok(KeywordQuery { whole, terms })
     }
-    Some(if all_in_name { 1 } else { 2 })
+
+    /// Rank of `a`, or `None` when some term does not match. Lower ranks
+    /// come first: the group (exact name, all terms in the name, the rest),
+    /// then the name's number of words, so that within a group the most
+    /// general action (`set_group_ban`) precedes its variants
+    /// (`set_group_anonymous_ban`); ties keep catalog order.
+    pub fn rank(&self, a: &Action) -> Option<(u8, usize)> {
+        let words = a.name.split('_').filter(|w| !w.is_empty()).count();
+        self.group(a).map(|g| (g, words))
+    }
+
+    fn group(&self, a: &Action) -> Option<u8> {
+        if self.terms.is_empty() {
+            return Some(2);
+        }
+        let [name, aliases, summary, summary_zh] = &a.search_text;
+        if *name == self.whole || a.aliases.iter().any(|al| al.to_lowercase() == self.whole) {
+            return Some(0);
+        }
+        let mut all_in_name = true;
+        for alts in &self.terms {
+            let in_name = alts.iter().any(|t| t.found_in(name) || t.found_in(aliases));
+            let anywhere = in_name || alts.iter().any(|t| t.found_in(summary) || t.found_in(summary_zh));
+            if !anywhere {
+                return None;
+            }
+            all_in_name &= in_name;
+        }
+        Some(if all_in_name { 1 } else { 2 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Catalog;
+
+    fn top(query: &str, n: usize) -> Vec<String> {
+        let q = KeywordQuery::parse(query).unwrap();
+        let mut ranked: Vec<((u8, usize), usize, &str)> = Catalog::bundled()
+            .actions
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| q.rank(a).map(|r| (r, i, a.name.as_str())))
+            .collect();
+        ranked.sort_by_key(|(r, i, _)| (*r, *i));
+        ranked.into_iter().take(n).map(|(_, _, name)| name.to_owned()).collect()
+    }
+
+    #[test]
+    fn synonyms_match_whole_words_only() {
+        let ban = Alt { text: "ban".into(), whole_word: true };
+        assert!(ban.found_in("set_group_ban"));
+        assert!(ban.found_in("ban a member"));
+        assert!(!ban.found_in("banner"));
+        assert!(!ban.found_in("urban"));
+        let sub = Alt { text: "ban".into(), whole_word: false };
+        assert!(sub.found_in("banner"), "the typed term itself still matches as a substring");
+        // A Chinese synonym is a substring match.
+        assert!(expand("mute").iter().any(|a| a.text == "禁言" && !a.whole_word));
+    }
+
+    /// The everyday queries an operator types, in Chinese and English: the
+    /// action they are after comes first (or among the first), and nothing
+    /// unrelated is pulled in by a synonym inside another word.
+    #[test]
+    fn everyday_queries_find_the_right_actions() {
+        let cases: &[(&str, &[&str], &[&str])] = &[
+            // (query, expected at the top in this order, must not appear)
+            ("禁言", &["set_group_ban"], &["bot_exit"]),
+            ("mute", &["set_group_ban"], &["bot_exit"]),
+            ("踢", &["set_group_kick", "set_group_kick_members"], &["delete_friend"]),
+            ("撤回", &["delete_msg"], &[]),
+            ("好友 列表", &["get_friend_list"], &[]),
+            ("发送 群 消息", &["send_group_msg"], &[]),
+            ("点赞", &["send_like"], &[]),
+            ("status", &["get_status"], &["bot_exit"]),
+            ("群 成员 列表", &["get_group_member_list"], &[]),
+            ("download", &["download_file_stream"], &[]),
+            ("上传 群 文件", &["upload_group_file"], &[]),
+            ("recall", &["delete_msg"], &[]),
+        ];
+        for (query, expect, never) in cases {
+            let got = top(query, 10);
+            for (i, name) in expect.iter().enumerate() {
+                let pos = got.iter().position(|g| g == name);
+                assert!(pos.is_some_and(|p| p <= i + 2), "{query}: {name} should be among the first, got {got:?}");
+            }
+            let all = top(query, 179);
+            for name in *never {
+                assert!(!all.iter().any(|g| g == name), "{query}: {name} must not match, got {all:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn too_many_terms_is_an_error() {
+        let q = vec!["a"; MAX_TERMS].join(" ");
+        assert!(KeywordQuery::parse(&q).is_ok());
+        let q = vec!["a"; MAX_TERMS + 1].join(" ");
+        assert_eq!(
+            KeywordQuery::parse(&q).unwrap_err(),
+            QueryError::TooManyTerms { given: MAX_TERMS + 1, max: MAX_TERMS }
+        );
+    }
 }

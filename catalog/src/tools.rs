@@ -98,17 +98,16 @@ pub fn call(catalog: &Catalog, tool: &str, args: &Value, denied: &BTreeSet<Strin
             let s: SearchArgs = parse("search_actions", args)?;
             let items = filtered(catalog, s.category.as_deref(), s.read_only, s.stream)?;
             let hits: Vec<Value> = match s.mode {
-                MatchMode::Substring => items
-                    .into_iter()
-                    .filter(|(_, a)| search::substring_match(a, &s.query))
-                    .map(|(_, a)| flag(&a.name, a.compact()))
-                    .collect(),
+                MatchMode::Substring => {
+                    let q = search::SubstringQuery::new(&s.query);
+                    items.into_iter().filter(|(_, a)| q.matches(a)).map(|(_, a)| flag(&a.name, a.compact())).collect()
+                }
                 MatchMode::Keywords => {
-                    let mut ranked: Vec<(u8, usize, Value)> = items
+                    let q = search::KeywordQuery::parse(&s.query)
+                        .map_err(|e| DocError::InvalidArguments { tool: "search_actions", message: e.to_string() })?;
+                    let mut ranked: Vec<((u8, usize), usize, Value)> = items
                         .into_iter()
-                        .filter_map(|(i, a)| {
-                            search::keyword_rank(a, &s.query).map(|r| (r, i, flag(&a.name, a.compact())))
-                        })
+                        .filter_map(|(i, a)| q.rank(a).map(|r| (r, i, flag(&a.name, a.compact()))))
                         .collect();
                     ranked.sort_by_key(|(r, i, _)| (*r, *i));
                     ranked.into_iter().map(|(_, _, v)| v).collect()

@@ -28,12 +28,18 @@ impl Mode {
 
 /// snowluma-mcp: a security-hardened MCP server for SnowLuma's OneBot v11 actions.
 ///
+/// This is a stdio server: an MCP client (Claude Code, Claude Desktop,
+/// Cursor, VS Code, Cline, ...) launches it and speaks MCP on its stdin and
+/// stdout; run by hand in a terminal it just waits for a client's messages.
+/// Configure it in the client with this binary's absolute path as the
+/// command and the SNOWLUMA_MCP_* variables below as its environment.
+///
 /// Without SNOWLUMA_MCP_ENDPOINT it serves the bundled action documentation
 /// only (docs mode). The token is read from SNOWLUMA_MCP_TOKEN or from
 /// --token-file; there is deliberately no --token flag, because command
 /// lines are visible to every user of the host.
 #[derive(Debug, Parser)]
-#[command(name = "snowluma-mcp", version, about, long_about)]
+#[command(name = "snowluma-mcp", version, about, long_about, after_help = ENV_ONLY_HELP)]
 pub struct Cli {
     /// docs, read or write (default: read with an endpoint, docs without).
     #[arg(long, env = "SNOWLUMA_MCP_MODE", hide_env_values = true)]
@@ -77,6 +83,14 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 }
+
+/// Variables without a flag, listed after the options.
+const ENV_ONLY_HELP: &str = "Environment variables without a flag:
+  SNOWLUMA_MCP_TOKEN             SnowLuma access token, sent as Authorization: Bearer (or use --token-file)
+  SNOWLUMA_MCP_ALLOW_UNCONFINED  1 lets read and write modes start on a kernel that cannot fully
+                                 enforce the sandbox (Landlock ABI >= 6 and seccomp)
+
+Check this host's confinement with `snowluma-mcp doctor`.";
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {

@@ -39,6 +39,17 @@ fn init_tracing(filter: &str) {
         .try_init();
 }
 
+/// Shown on stderr when a person starts the server in a terminal, where it
+/// would otherwise wait silently for MCP messages.
+const TERMINAL_HINT: &str = "\
+snowluma-mcp is an MCP server for stdio: an MCP client (Claude Code, Claude Desktop, Cursor,
+VS Code, Cline, ...) starts it and speaks MCP on its stdin and stdout. It is now waiting for
+MCP messages from this terminal; press Ctrl-D to end.
+  Add it to a client, e.g.: claude mcp add snowluma -- /usr/local/bin/snowluma-mcp
+  (configurations for each client are in the README; `snowluma-mcp --help` lists the settings)
+  Check this host's sandbox: snowluma-mcp doctor
+";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(WORKER_ARG) {
@@ -80,6 +91,9 @@ fn main() -> ExitCode {
         }
     };
     init_tracing(&config.log);
+    if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        eprint!("{TERMINAL_HINT}");
+    }
     for w in &config.warnings {
         tracing::warn!("{w}");
     }

@@ -202,3 +202,74 @@ fn configuration_errors_are_one_clear_line() {
     let out = std::process::Command::new(bin_path()).arg("--version").env_clear().output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
 }
+
+/// Started by a person in a terminal, the server says on stderr what it is
+/// and how to use it, then keeps serving: MCP typed into the terminal is
+/// answered on stdout.
+#[test]
+fn terminal_stdin_gets_a_hint_and_is_still_served() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Command, Stdio};
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let mut child = Command::new(bin_path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(Stdio::from(pty.slave))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tty", "version": "1"}}});
+    master.write_all(format!("{init}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let reply: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(reply["result"]["serverInfo"]["name"], "snowluma-mcp");
+    // Ctrl-D ends the session.
+    master.write_all(&[4]).unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(stderr.contains("MCP server for stdio"), "{stderr}");
+    assert!(stderr.contains("claude mcp add snowluma"), "{stderr}");
+    assert!(stderr.contains("snowluma-mcp doctor"), "{stderr}");
+}
+
+/// Piped (as every client spawns it), the server prints no hint.
+#[test]
+fn no_hint_when_a_client_spawns_it() {
+    let mut s = Mcp::spawn(&[]);
+    s.initialize("2025-11-25");
+    // The hint would come before this line.
+    assert!(s.wait_stderr("snowluma-mcp ready"));
+    assert!(!s.stderr_text().contains("MCP server for stdio"));
+}
+
+/// `--help` says what the program is and lists every variable, including
+/// those without a flag.
+#[test]
+fn help_lists_every_variable() {
+    let out = std::process::Command::new(bin_path()).arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("stdio server"), "{help}");
+    for var in [
+        "SNOWLUMA_MCP_ENDPOINT",
+        "SNOWLUMA_MCP_MODE",
+        "SNOWLUMA_MCP_TOKEN",
+        "SNOWLUMA_MCP_TIMEOUT_MS",
+        "SNOWLUMA_MCP_STREAM_DIR",
+        "SNOWLUMA_MCP_UPLOAD_ROOT",
+        "SNOWLUMA_MCP_MAX_STREAM_BYTES",
+        "SNOWLUMA_MCP_EVENTS_URL",
+        "SNOWLUMA_MCP_TASK_DIR",
+        "SNOWLUMA_MCP_AUDIT_LOG",
+        "SNOWLUMA_MCP_ALLOW_ACTIONS",
+        "SNOWLUMA_MCP_DENY_ACTIONS",
+        "SNOWLUMA_MCP_ALLOW_UNCONFINED",
+        "SNOWLUMA_MCP_LOG",
+    ] {
+        assert!(help.contains(var), "--help does not mention {var}");
+    }
+}
