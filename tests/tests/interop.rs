@@ -1,0 +1,175 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Interoperability: the real MCP clients people use drive the built binary,
+//! each spawning it exactly as it does in production (the TypeScript SDKs
+//! and the Inspector through Node's child_process, i.e. socketpairs; the
+//! Python SDK through pipes). The clients live in `tests/interop/` and are
+//! installed, pinned, by `tests/interop/setup.sh` (the README's test command
+//! runs it). Missing clients fail these tests with the command to run; they
+//! are never skipped.
+//!
+//! Each client script runs its own checks (listing tools first, so that
+//! the SDKs' output validation is on, and validating every result against
+//! the advertised `outputSchema` with a real JSON Schema validator) and
+//! exits non-zero on any failure; here each runs in docs, read and write
+//! mode, and the fake SnowLuma's log is checked afterwards: each write went
+//! out exactly once, the cancelled call's connection was closed, the
+//! download left exactly one complete file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use snowluma_e2e::{Fake, bin_path};
+
+#[derive(Debug, Clone, Copy)]
+enum Client {
+    TsV1,
+    TsV2,
+    Inspector,
+    Python,
+}
+
+fn interop_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("interop")
+}
+
+fn venv_python() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/interop/venv/bin/python")
+}
+
+const SETUP_HINT: &str = "the interoperability clients are not installed: run `tests/interop/setup.sh` \
+     (`./scripts/test` runs it; it needs node >= 20, npm and python3 with venv)";
+
+fn command(client: Client) -> Command {
+    let dir = interop_dir();
+    match client {
+        Client::Python => {
+            let py = venv_python();
+            assert!(py.exists(), "{SETUP_HINT} (missing {})", py.display());
+            let mut c = Command::new(py);
+            c.arg(dir.join("python/client.py"));
+            c
+        }
+        _ => {
+            assert!(dir.join("node_modules").is_dir(), "{SETUP_HINT} (missing tests/interop/node_modules)");
+            let script = match client {
+                Client::TsV1 => "node/v1.mjs",
+                Client::TsV2 => "node/v2.mjs",
+                _ => "node/inspector.mjs",
+            };
+            let mut c = Command::new("node");
+            c.arg(dir.join(script));
+            c
+        }
+    }
+}
+
+/// Run one client in one mode; panics with its transcript on failure.
+fn run(client: Client, mode: &str, endpoint: Option<&str>, stream_dir: Option<&Path>) -> String {
+    let mut cmd = command(client);
+    cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .env("SNOWLUMA_MCP_BIN", bin_path())
+        .env("INTEROP_MODE", mode)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(e) = endpoint {
+        cmd.env("INTEROP_ENDPOINT", e);
+    }
+    if let Some(d) = stream_dir {
+        cmd.env("INTEROP_STREAM_DIR", d);
+    }
+    let out = cmd.output().unwrap_or_else(|e| panic!("{client:?}: cannot start the client ({e}); {SETUP_HINT}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stdout.contains("\nFAIL") && !stdout.starts_with("FAIL"),
+        "{client:?} in {mode} mode failed ({}):\n{stdout}\n--- stderr ---\n{stderr}",
+        out.status
+    );
+    assert!(stdout.lines().filter(|l| l.starts_with("ok ")).count() > 0, "{client:?} {mode}: no check ran:\n{stdout}");
+    stdout
+}
+
+fn docs(client: Client) {
+    run(client, "docs", None, None);
+}
+
+fn read(client: Client) {
+    let fake = Fake::start(None);
+    fake.fake.interop_preset();
+    run(client, "read", Some(&fake.fake.url()), None);
+    let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
+    assert!(actions.iter().any(|a| a == "get_status"), "{client:?}: get_status reached SnowLuma");
+    for refused in ["get_cookies", "send_group_msg"] {
+        assert!(!actions.iter().any(|a| a == refused), "{client:?}: {refused} must be refused before SnowLuma");
+    }
+}
+
+fn write(client: Client) {
+    let fake = Fake::start(None);
+    fake.fake.interop_preset();
+    let dir = std::env::temp_dir().join(format!("snowluma-interop-{client:?}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    run(client, "write", Some(&fake.fake.url()), Some(&dir));
+    let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
+    let count = |name: &str| actions.iter().filter(|a| *a == name).count();
+    assert_eq!(count("send_group_msg"), 1, "{client:?}: the write went out exactly once: {actions:?}");
+    assert_eq!(count("download_file_stream"), 1, "{client:?}: one download: {actions:?}");
+    assert_eq!(count("get_group_list"), 1, "{client:?}: the slow call went out once: {actions:?}");
+    // The cancelled call's request was abandoned: its connection closed.
+    let closed = fake.rt.block_on(fake.fake.wait_closed_while_pending("get_group_list", Duration::from_secs(30)));
+    assert!(closed, "{client:?}: cancelling the slow call closes its connection to SnowLuma");
+    let files: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(files.len(), 1, "{client:?}: exactly the downloaded file, no partial file: {files:?}");
+    let bytes = std::fs::read(dir.join(&files[0])).unwrap();
+    let expect: Vec<u8> = (0..snowluma_fake::INTEROP_FILE_BYTES).map(|i| (i % 251) as u8).collect();
+    assert!(bytes == expect, "{client:?}: the downloaded file is complete and exact");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn typescript_sdk_v1_docs() {
+    docs(Client::TsV1);
+}
+#[test]
+fn typescript_sdk_v1_read() {
+    read(Client::TsV1);
+}
+#[test]
+fn typescript_sdk_v1_write() {
+    write(Client::TsV1);
+}
+
+#[test]
+fn typescript_sdk_v2_docs() {
+    docs(Client::TsV2);
+}
+#[test]
+fn typescript_sdk_v2_read() {
+    read(Client::TsV2);
+}
+#[test]
+fn typescript_sdk_v2_write() {
+    write(Client::TsV2);
+}
+
+#[test]
+fn python_sdk_docs() {
+    docs(Client::Python);
+}
+#[test]
+fn python_sdk_read() {
+    read(Client::Python);
+}
+#[test]
+fn python_sdk_write() {
+    write(Client::Python);
+}
+
+#[test]
+fn inspector_cli_docs() {
+    docs(Client::Inspector);
+}
