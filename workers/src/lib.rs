@@ -38,6 +38,11 @@ pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
         tracing::error!(role = role.as_str(), error = %e, "worker refuses to start: confinement failed");
         return ExitCode::from(3);
     }
+    // The file-transfer worker's descriptors are claimed before the runtime
+    // exists: a role descriptor the supervisor did not place (no upload
+    // root) is a free number that the runtime's epoll or eventfd would take,
+    // and claiming that would close the runtime's descriptor twice.
+    let files = (role == Role::Files).then(files::FilesWorker::from_inherited);
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -66,7 +71,10 @@ pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
         match role {
             Role::Catalog => serve::serve(fd, role, catalog::CatalogWorker::new()).await,
             Role::Network => serve::serve(fd, role, network::NetworkWorker::from_inherited()).await,
-            Role::Files => serve::serve(fd, role, files::FilesWorker::from_inherited()).await,
+            Role::Files => match files {
+                Some(files) => serve::serve(fd, role, files).await,
+                None => Err(serve::ServeError::RoleNotBuilt(role)),
+            },
             Role::Tasks => Err(serve::ServeError::RoleNotBuilt(role)),
         }
     });
