@@ -1,0 +1,712 @@
+#!/usr/bin/env python3
+"""Interoperability client: drives the real snowluma-mcp binary with the
+official Python MCP SDK (`mcp` 2.x) over its stdio client.
+
+Run from the repository root with the interop venv's Python:
+
+    target/interop/venv/bin/python tests/interop/python/client.py
+
+Environment (set by tests/tests/interop.rs):
+    SNOWLUMA_MCP_BIN    absolute path of the server binary
+    INTEROP_MODE        docs | read | write
+    INTEROP_ENDPOINT    URL of the fake SnowLuma (read and write)
+    INTEROP_STREAM_DIR  absolute, existing, empty directory (write)
+
+The SDK spawns the server itself (`mcp.client.stdio.stdio_client`, the code
+path `Client(StdioServerParameters(...))` takes), once per connection style:
+
+    legacy  Client(mode="legacy"): the `initialize` handshake (2025-era).
+    auto    Client(mode="auto"), the SDK's default: the `server/discover`
+            probe, falling back to `initialize`.
+
+Two passive taps are added around the SDK's own transport: the server's
+stderr goes through a pipe that is copied line by line to this script's
+stderr (and kept, to look for the server's own log lines), and the JSON-RPC
+messages the SDK writes and reads are recorded (to see the SDK's
+`notifications/cancelled` and `progressToken`). Neither changes a byte.
+
+Output: one `ok <check>` or `FAIL <check>: <reason>` line per check, then
+`python <mode>: N checks passed, M failed`. Exit status 0 iff every check
+passed. An overall deadline (90 s) and per-request timeouts bound the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from jsonschema import Draft202012Validator
+
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+SERVER_NAME = "snowluma-mcp"
+DOC_TOOLS = {"list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info"}
+CATALOG_URI = "snowluma://onebot/actions"
+ACTION_TEMPLATE = "snowluma://onebot/actions/{name}"
+ACTION_COUNT = 179
+OUTCOMES = {"success", "failed", "unknown"}
+
+INTEROP_FILE = "interop.bin"
+INTEROP_FILE_BYTES = 256 * 1024
+INTEROP_FILE_SHA256 = hashlib.sha256(bytes(i % 251 for i in range(INTEROP_FILE_BYTES))).hexdigest()
+BUSINESS_FAILURE_RETCODE = 100
+
+# Whole-run bound (the contract: FAIL and exit 1 past 90 s). The async part
+# gets a little less so that its own FAIL line and summary are printed; the
+# watchdog thread is the last resort if even that is stuck.
+HARD_DEADLINE_S = 90.0
+ASYNC_DEADLINE_S = 80.0
+REQUEST_TIMEOUT_S = 15.0  # every request the SDK sends (read_timeout_seconds)
+CANCEL_AFTER_S = 0.3  # how long the slow call runs before it is cancelled
+SERVER_LOG_WAIT_S = 5.0  # how long to wait for the server's log line of a call
+STDIO_GRACE_S = 2.0  # the SDK's PROCESS_TERMINATION_TIMEOUT: after it, it kills
+
+
+class CheckFailed(Exception):
+    """A check's expectation did not hold."""
+
+
+def expect(cond: Any, reason: str) -> None:
+    if not cond:
+        raise CheckFailed(reason)
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` of the innermost exceptions (task groups wrap them in groups)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def short(value: Any, limit: int = 300) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class Report:
+    """Prints one line per check as it completes and keeps the tally."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.passed = 0
+        self.failed = 0
+        self.lock = threading.Lock()
+        self.finished = False
+
+    def ok(self, name: str, detail: str | None = None) -> None:
+        with self.lock:
+            if self.finished:
+                return
+            self.passed += 1
+            self._emit(f"ok {name}" + (f" -- {detail}" if detail else ""))
+
+    def fail(self, name: str, reason: str) -> None:
+        with self.lock:
+            if self.finished:
+                return
+            self.failed += 1
+            reason = " ".join(reason.split()) or "(no message)"
+            self._emit(f"FAIL {name}: {reason}")
+
+    def finish(self) -> int:
+        with self.lock:
+            if not self.finished:
+                self.finished = True
+                self._emit(f"python {self.mode}: {self.passed} checks passed, {self.failed} failed")
+            return 0 if self.failed == 0 and self.passed > 0 else 1
+
+    @staticmethod
+    def _emit(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+class StderrTap:
+    """A pipe for the server's stderr: copied to ours line by line, and kept."""
+
+    def __init__(self) -> None:
+        read_fd, write_fd = os.pipe()
+        self.writer = os.fdopen(write_fd, "w")
+        self._reader_fd = read_fd
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._pump, name="server-stderr", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        with os.fdopen(self._reader_fd, "rb") as pipe:
+            for raw in pipe:
+                try:
+                    if out is not None:
+                        out.write(raw)
+                        out.flush()
+                except (OSError, ValueError):
+                    pass
+                with self._lock:
+                    self._lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def close_writer(self) -> None:
+        """Drop our copy of the write end: EOF then means every server process is gone."""
+        if not self.writer.closed:
+            self.writer.close()
+
+    def wait_eof(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self._lines)
+
+    def lines(self, since: int = 0) -> list[str]:
+        with self._lock:
+            return self._lines[since:]
+
+
+def _as_json(message: Any) -> dict[str, Any]:
+    try:
+        return json.loads(message.model_dump_json(by_alias=True, exclude_unset=True))
+    except Exception:  # never let the tap disturb the session
+        return {}
+
+
+class _SendTap:
+    """The SDK's write stream, recording each JSON-RPC message on its way out."""
+
+    def __init__(self, inner: Any, log: list[dict[str, Any]]) -> None:
+        self._inner = inner
+        self._log = log
+
+    async def send(self, item: Any) -> None:
+        self._log.append(_as_json(item.message))
+        await self._inner.send(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _SendTap:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self._inner.__aexit__(*exc)
+
+
+class _ReceiveTap:
+    """The SDK's read stream, recording each JSON-RPC message on its way in."""
+
+    def __init__(self, inner: Any, log: list[dict[str, Any]]) -> None:
+        self._inner = inner
+        self._log = log
+
+    def _note(self, item: Any) -> Any:
+        message = getattr(item, "message", None)
+        if message is not None:
+            self._log.append(_as_json(message))
+        return item
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        return self._note(await self._inner.receive())
+
+    def __aiter__(self) -> _ReceiveTap:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return self._note(await self._inner.receive())
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _ReceiveTap:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self._inner.__aexit__(*exc)
+
+
+@asynccontextmanager
+async def tapped_stdio(params: StdioServerParameters, errlog: Any, sent: list, received: list):
+    async with stdio_client(params, errlog=errlog) as (read_stream, write_stream):
+        yield _ReceiveTap(read_stream, received), _SendTap(write_stream, sent)
+
+
+class Run:
+    """One connection (one spawned server) in one connection style."""
+
+    def __init__(self, report: Report, mode: str, era: str, env: dict[str, str], stream_dir: str | None) -> None:
+        self.report = report
+        self.mode = mode
+        self.era = era
+        self.env = env
+        self.stream_dir = stream_dir
+        self.client: Client | None = None
+        self.tap: StderrTap | None = None
+        self.sent: list[dict[str, Any]] = []
+        self.received: list[dict[str, Any]] = []
+        self.tools: dict[str, Any] = {}
+        self.validators: dict[str, Draft202012Validator] = {}
+
+    def name(self, check: str) -> str:
+        return f"[{self.era}] {check}"
+
+    async def check(self, check: str, fn, *args: Any) -> bool:
+        name = self.name(check)
+        try:
+            detail = await fn(*args)
+        except CheckFailed as e:
+            self.report.fail(name, str(e))
+            return False
+        except Exception as e:  # the SDK raised where a result was expected, etc.
+            self.report.fail(name, describe(e))
+            traceback.print_exc(file=sys.stderr)
+            return False
+        self.report.ok(name, detail)
+        return True
+
+    # ---- tool calls -------------------------------------------------------
+
+    async def call(self, tool: str, args: dict[str, Any], **kw: Any) -> tuple[Any, dict[str, Any]]:
+        """tools/call through the SDK, then the envelope and outputSchema checks."""
+        assert self.client is not None
+        result = await self.client.call_tool(tool, args, **kw)
+        sc = result.structured_content
+        expect(isinstance(sc, dict), f"{tool}: no structuredContent (got {short(sc)})")
+        validator = self.validators.get(tool)
+        expect(validator is not None, f"{tool}: no advertised outputSchema to validate against")
+        errors = sorted(validator.iter_errors(sc), key=lambda e: list(e.absolute_path))
+        expect(
+            not errors,
+            f"{tool}: structuredContent violates its outputSchema at "
+            f"/{'/'.join(str(p) for p in errors[0].absolute_path) if errors else ''}: "
+            f"{errors[0].message if errors else ''}",
+        )
+        expect("result" in sc and "diagnostics" in sc, f"{tool}: structuredContent lacks result/diagnostics")
+        diag = sc["diagnostics"]
+        expect(isinstance(diag, dict) and diag.get("outcome") in OUTCOMES, f"{tool}: bad diagnostics {short(diag)}")
+        if result.is_error:
+            expect(sc["result"] is None, f"{tool}: isError but result is {short(sc['result'])}")
+        return result, sc
+
+    async def call_ok(self, tool: str, args: dict[str, Any], **kw: Any) -> Any:
+        result, sc = await self.call(tool, args, **kw)
+        expect(not result.is_error, f"isError true: {short(sc['diagnostics'])}")
+        expect(sc["diagnostics"]["outcome"] == "success", f"outcome {short(sc['diagnostics'])}")
+        return sc["result"]
+
+    async def call_err(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        result, sc = await self.call(tool, args)
+        expect(result.is_error is True, f"expected isError true, got {result.is_error}: {short(sc)}")
+        expect(sc["diagnostics"]["outcome"] == "failed", f"outcome {sc['diagnostics'].get('outcome')!r}")
+        return sc["diagnostics"]
+
+    # ---- checks: connection --------------------------------------------------
+
+    async def c_connected(self) -> str:
+        assert self.client is not None
+        session = self.client.session
+        info = self.client.server_info
+        version = self.client.protocol_version
+        if self.era == "legacy":
+            init = session.initialize_result
+            expect(init is not None, "no InitializeResult: the initialize handshake did not run")
+            info = init.server_info
+            version = init.protocol_version
+        else:
+            expect(info is not None, "the server did not identify itself (no serverInfo)")
+        expect(info.name == SERVER_NAME, f"serverInfo.name {info.name!r}, expected {SERVER_NAME!r}")
+        how = "initialize" if session.initialize_result is not None else "server/discover"
+        return f"{how}; serverInfo {info.name} {info.version}; protocolVersion {version}"
+
+    async def c_list_tools(self, expected: set[str]) -> str:
+        assert self.client is not None
+        listing = await self.client.list_tools()
+        expect(listing.next_cursor is None, "tools/list is paginated (unexpected for 5-7 tools)")
+        names = [t.name for t in listing.tools]
+        expect(len(names) == len(set(names)), f"duplicate tool names: {names}")
+        expect(set(names) == expected, f"tools {sorted(names)}, expected {sorted(expected)}")
+        for tool in listing.tools:
+            expect(tool.output_schema is not None, f"{tool.name}: no outputSchema")
+            try:
+                Draft202012Validator.check_schema(tool.output_schema)
+                Draft202012Validator.check_schema(tool.input_schema)
+            except Exception as e:
+                raise CheckFailed(f"{tool.name}: invalid schema: {e}") from e
+            self.tools[tool.name] = tool
+            self.validators[tool.name] = Draft202012Validator(tool.output_schema)
+        return ", ".join(names)
+
+    # ---- checks: docs tools --------------------------------------------------
+
+    async def c_list_actions_all(self) -> str:
+        r = await self.call_ok("list_actions", {})
+        actions = r.get("actions")
+        expect(isinstance(actions, list), f"result.actions missing: {short(r)}")
+        expect(len(actions) == ACTION_COUNT, f"{len(actions)} actions, expected {ACTION_COUNT}")
+        expect(r.get("count") == ACTION_COUNT, f"count {r.get('count')}, expected {ACTION_COUNT}")
+        return f"{len(actions)} actions"
+
+    async def c_list_actions_page(self) -> str:
+        r = await self.call_ok("list_actions", {"limit": 5})
+        expect(len(r.get("actions") or []) == 5, f"{len(r.get('actions') or [])} actions, expected 5")
+        expect(r.get("count") == 5, f"count {r.get('count')}")
+        expect(r.get("next_offset") == 5, f"next_offset {r.get('next_offset')!r}, expected 5")
+        expect(r.get("total") == ACTION_COUNT, f"total {r.get('total')!r}, expected {ACTION_COUNT}")
+        return f"5 actions, next_offset 5, total {r.get('total')}"
+
+    async def c_get_action(self) -> str:
+        r = await self.call_ok("get_action", {"name": "get_status"})
+        expect(isinstance(r, dict) and r.get("name") == "get_status", f"result.name {short(r)}")
+        return f"category {r.get('category')}"
+
+    async def c_search_actions(self) -> str:
+        r = await self.call_ok("search_actions", {"query": "禁言", "match": "keywords"})
+        actions = r.get("actions") or []
+        expect(actions, f"no match: {short(r)}")
+        expect(r.get("count") == len(actions), f"count {r.get('count')} vs {len(actions)} actions")
+        return f"{len(actions)} matches, first {actions[0].get('name')}"
+
+    async def c_list_categories(self) -> str:
+        r = await self.call_ok("list_categories", {})
+        expect(isinstance(r, list) and r, f"result {short(r)}")
+        total = sum(c.get("count", 0) for c in r)
+        expect(total == ACTION_COUNT, f"category counts add up to {total}, expected {ACTION_COUNT}")
+        return f"{len(r)} categories, {total} actions"
+
+    async def c_runtime_info(self) -> str:
+        r = await self.call_ok("get_runtime_info", {})
+        expect(isinstance(r, dict) and r.get("mode") == self.mode, f"mode {short(r.get('mode') if isinstance(r, dict) else r)}")
+        expect(r.get("execution_enabled") == (self.mode != "docs"), f"execution_enabled {r.get('execution_enabled')}")
+        expect(r.get("write_enabled") == (self.mode == "write"), f"write_enabled {r.get('write_enabled')}")
+        return f"mode {r['mode']}"
+
+    async def c_unknown_action(self) -> str:
+        d = await self.call_err("get_action", {"name": "no_such_action"})
+        expect(d.get("kind") == "unknown_action", f"kind {d.get('kind')!r}, expected 'unknown_action'")
+        expect(isinstance(d.get("next_step"), str) and d["next_step"].strip(), "next_step missing or empty")
+        return "isError, kind unknown_action"
+
+    async def c_bad_arguments(self) -> str:
+        d = await self.call_err("list_actions", {"limit": "ten"})
+        expect(isinstance(d.get("next_step"), str) and d["next_step"].strip(), "next_step missing or empty")
+        return f"isError, kind {d.get('kind')}"
+
+    # ---- checks: resources ---------------------------------------------------
+
+    async def c_resources_catalog(self) -> str:
+        assert self.client is not None
+        listing = await self.client.list_resources()
+        uris = [str(r.uri) for r in listing.resources]
+        expect(CATALOG_URI in uris, f"resources/list: {uris}")
+        read = await self.client.read_resource(CATALOG_URI)
+        expect(len(read.contents) == 1, f"{len(read.contents)} contents")
+        text = getattr(read.contents[0], "text", None)
+        expect(isinstance(text, str), "the catalog is not text")
+        doc = json.loads(text)
+        actions = doc.get("actions") if isinstance(doc, dict) else doc
+        expect(isinstance(actions, list) and len(actions) == ACTION_COUNT, f"{len(actions or [])} actions")
+        return f"{ACTION_COUNT} actions, {len(text.encode())} bytes"
+
+    async def c_resource_template(self) -> str:
+        assert self.client is not None
+        listing = await self.client.list_resource_templates()
+        templates = [t.uri_template for t in listing.resource_templates]
+        expect(ACTION_TEMPLATE in templates, f"resources/templates/list: {templates}")
+        uri = ACTION_TEMPLATE.replace("{name}", "get_status")
+        read = await self.client.read_resource(uri)
+        expect(read.contents, "no contents")
+        doc = json.loads(read.contents[0].text)
+        expect(doc.get("name") == "get_status", f"name {doc.get('name')!r}")
+        return f"read {uri}"
+
+    # ---- checks: execution ---------------------------------------------------
+
+    async def c_query_status(self) -> str:
+        r = await self.call_ok("query_action", {"action": "get_status"})
+        expect(isinstance(r, dict) and r.get("status") == "ok", f"result {short(r)}")
+        return "result.status ok"
+
+    async def c_query_denied(self) -> str:
+        d = await self.call_err("query_action", {"action": "get_cookies"})
+        expect(d.get("kind") == "policy_denied", f"kind {d.get('kind')!r}, expected 'policy_denied'")
+        return "isError, kind policy_denied"
+
+    async def c_query_write_refused(self) -> str:
+        d = await self.call_err("query_action", {"action": "send_group_msg", "params": {"group_id": 1, "message": "x"}})
+        expect(d.get("kind"), "no kind")
+        return f"isError, kind {d['kind']}"
+
+    async def c_invoke_business_failure(self) -> str:
+        result, sc = await self.call("invoke_action", {"action": "send_group_msg", "params": {"group_id": 1, "message": "hi"}})
+        expect(result.is_error is False, f"isError {result.is_error}: {short(sc)}")
+        expect(sc["diagnostics"]["outcome"] == "failed", f"outcome {sc['diagnostics'].get('outcome')!r}")
+        r = sc["result"]
+        expect(isinstance(r, dict) and r.get("retcode") == BUSINESS_FAILURE_RETCODE, f"result {short(r)}")
+        return f"isError false, outcome failed, retcode 100, kind {sc['diagnostics'].get('kind')}"
+
+    async def c_download(self) -> str:
+        progress: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append((value, total, message))
+
+        mark = len(self.sent)
+        r = await self.call_ok(
+            "invoke_action",
+            {"action": "download_file_stream", "params": {"file": INTEROP_FILE}},
+            progress_callback=on_progress,
+        )
+        calls = [m for m in self.sent[mark:] if m.get("method") == "tools/call"]
+        token = calls[0].get("params", {}).get("_meta", {}).get("progressToken") if calls else None
+        expect(token is not None, "the SDK sent no progressToken")
+        expect(isinstance(r, dict), f"result {short(r)}")
+        expect(r.get("file_size") == INTEROP_FILE_BYTES, f"file_size {r.get('file_size')!r}")
+        expect(r.get("sha256") == INTEROP_FILE_SHA256, f"sha256 {r.get('sha256')!r}, expected {INTEROP_FILE_SHA256}")
+        path = r.get("file_path")
+        expect(isinstance(path, str) and os.path.isabs(path), f"file_path {path!r}")
+        real_dir = os.path.realpath(self.stream_dir or "")
+        expect(
+            os.path.commonpath([os.path.realpath(path), real_dir]) == real_dir,
+            f"file_path {path} is not inside INTEROP_STREAM_DIR {self.stream_dir}",
+        )
+        expect(os.path.isfile(path), f"{path} does not exist")
+        with open(path, "rb") as f:
+            data = f.read()
+        expect(len(data) == INTEROP_FILE_BYTES, f"{len(data)} bytes on disk")
+        expect(hashlib.sha256(data).hexdigest() == INTEROP_FILE_SHA256, "file contents differ from the expected bytes")
+        expect(progress, "no progress notification arrived")
+        values = [p[0] for p in progress]
+        expect(values == sorted(values), f"progress went backwards: {values}")
+        return f"{len(data)} bytes, sha256 ok, {len(progress)} progress notifications (last {progress[-1][0]:g}/{progress[-1][1]})"
+
+    async def c_cancel(self) -> str:
+        assert self.client is not None and self.tap is not None
+        sent_mark = len(self.sent)
+        log_mark = self.tap.mark()
+        done: dict[str, Any] = {}
+        scope_box: list[anyio.CancelScope] = []
+
+        async def slow_call() -> None:
+            with anyio.CancelScope() as scope:
+                scope_box.append(scope)
+                try:
+                    done["result"] = await self.client.call_tool("query_action", {"action": "get_group_list"})
+                except Exception as e:
+                    done["error"] = e
+                done["after"] = time.monotonic() - started
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow_call)
+            await anyio.sleep(CANCEL_AFTER_S)
+            scope_box[0].cancel()
+        elapsed = time.monotonic() - started
+        if "result" in done:
+            raise CheckFailed(
+                f"get_group_list answered after {done['after'] * 1000:.0f} ms, before the cancel, so nothing was cancelled "
+                f"(the fake's interop preset should hang it): {short(done['result'].structured_content)}"
+            )
+        if "error" in done:
+            raise CheckFailed(
+                f"the call failed after {done['after'] * 1000:.0f} ms, before the cancel: {describe(done['error'])}"
+            )
+        expect(scope_box[0].cancelled_caught, "the call's cancel scope did not catch the cancellation")
+
+        # Client side: the SDK wrote notifications/cancelled naming the request.
+        request_id = None
+        for m in self.sent[sent_mark:]:
+            if m.get("method") == "tools/call" and (m.get("params") or {}).get("arguments", {}).get("action") == "get_group_list":
+                request_id = m.get("id")
+        expect(request_id is not None, "the SDK never wrote the tools/call request")
+        cancels = [
+            m for m in self.sent[sent_mark:]
+            if m.get("method") == "notifications/cancelled" and (m.get("params") or {}).get("requestId") == request_id
+        ]
+        expect(cancels, f"the SDK wrote no notifications/cancelled for request {request_id!r}")
+
+        # Server side: it logs one line per finished call; a cancelled call ends with failure="cancelled".
+        deadline = time.monotonic() + SERVER_LOG_WAIT_S
+        line = None
+        while line is None and time.monotonic() < deadline:
+            for text in self.tap.lines(log_mark):
+                if 'tool="query_action"' in text and 'failure="cancelled"' in text:
+                    line = text
+                    break
+            else:
+                await anyio.sleep(0.05)
+        expect(line is not None, f"the server logged no cancelled query_action within {SERVER_LOG_WAIT_S:g} s of notifications/cancelled")
+        late = [m for m in self.received if m.get("id") == request_id and ("result" in m or "error" in m)]
+        note = f"; the server still answered the cancelled request ({short(late[0], 120)})" if late else ""
+        return f"cancelled after {elapsed * 1000:.0f} ms; SDK sent notifications/cancelled for id {request_id}; server logged the call as cancelled{note}"
+
+    async def c_after_cancel(self) -> str:
+        r = await self.call_ok("list_categories", {})
+        expect(isinstance(r, list) and r, f"result {short(r)}")
+        return "list_categories answered"
+
+    # ---- the sequence --------------------------------------------------------
+
+    async def run(self) -> None:
+        params = StdioServerParameters(command=self.env["__bin"], env={k: v for k, v in self.env.items() if k != "__bin"})
+        self.tap = StderrTap()
+        client = Client(
+            tapped_stdio(params, self.tap.writer, self.sent, self.received),
+            mode=self.era,
+            read_timeout_seconds=REQUEST_TIMEOUT_S,
+        )
+        entered = False
+        closing_started = None
+        try:
+            try:
+                await client.__aenter__()
+                entered = True
+            except Exception as e:
+                self.report.fail(self.name("connect"), describe(e))
+                traceback.print_exc(file=sys.stderr)
+                return
+            finally:
+                # The child holds its own copy now; ours would keep the pipe open forever.
+                self.tap.close_writer()
+            self.client = client
+            await self.check("initialize" if self.era == "legacy" else "connect", self.c_connected)
+
+            expected = set(DOC_TOOLS)
+            if self.mode in ("read", "write"):
+                expected.add("query_action")
+            if self.mode == "write":
+                expected.add("invoke_action")
+            if not await self.check(f"tools/list ({self.mode})", self.c_list_tools, expected):
+                return
+
+            await self.check("list_actions {}", self.c_list_actions_all)
+            await self.check("list_actions {limit:5}", self.c_list_actions_page)
+            await self.check("get_action get_status", self.c_get_action)
+            await self.check("search_actions 禁言 keywords", self.c_search_actions)
+            await self.check("list_categories", self.c_list_categories)
+            await self.check("get_runtime_info", self.c_runtime_info)
+            if self.mode == "docs":
+                await self.check("get_action unknown -> tool error", self.c_unknown_action)
+                await self.check("list_actions bad limit -> tool error", self.c_bad_arguments)
+                await self.check("resources/read catalog", self.c_resources_catalog)
+                await self.check("resource template get_status", self.c_resource_template)
+            if self.mode in ("read", "write"):
+                await self.check("query_action get_status", self.c_query_status)
+                await self.check("query_action get_cookies -> policy_denied", self.c_query_denied)
+                await self.check("query_action send_group_msg -> refused", self.c_query_write_refused)
+            if self.mode == "write":
+                await self.check("invoke_action send_group_msg -> business failure", self.c_invoke_business_failure)
+                await self.check("invoke_action download_file_stream", self.c_download)
+                await self.check("cancel query_action get_group_list", self.c_cancel)
+                await self.check("list_categories after cancel", self.c_after_cancel)
+            closing_started = time.monotonic()
+        finally:
+            if entered:
+                started = time.monotonic()
+                try:
+                    await client.__aexit__(None, None, None)
+                except Exception as e:
+                    self.report.fail(self.name("close"), describe(e))
+                    closing_started = None
+                took = time.monotonic() - started
+                if closing_started is not None:
+                    await self._check_close(took)
+
+    async def _check_close(self, took: float) -> None:
+        """The server must exit by itself once its stdin closes, leaving nothing behind."""
+        assert self.tap is not None
+        gone = await anyio.to_thread.run_sync(self.tap.wait_eof, 3.0)
+        problems = []
+        if took >= STDIO_GRACE_S - 0.05:
+            problems.append(f"the server did not exit within {STDIO_GRACE_S:g} s of stdin closing (the SDK had to kill it; close took {took:.1f} s)")
+        if not gone:
+            problems.append("a server process still holds stderr open 3 s after close")
+        bad = [l for l in self.tap.lines() if "fatal runtime error" in l or "panicked" in l]
+        if bad:
+            problems.append(f"server stderr: {short(bad[0], 200)}")
+        if problems:
+            self.report.fail(self.name("close"), "; ".join(problems))
+        else:
+            self.report.ok(self.name("close"), f"server exited on stdin EOF in {took * 1000:.0f} ms")
+
+
+def build_env(mode: str) -> tuple[dict[str, str], str | None]:
+    binary = os.environ.get("SNOWLUMA_MCP_BIN")
+    if not binary:
+        raise CheckFailed("SNOWLUMA_MCP_BIN is not set")
+    # Exactly these; the SDK adds its default inherited set (HOME, LOGNAME,
+    # PATH, SHELL, TERM, USER when present), as it does for every server.
+    env = {"__bin": binary, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNOWLUMA_MCP_MODE": mode}
+    stream_dir = None
+    if mode in ("read", "write"):
+        endpoint = os.environ.get("INTEROP_ENDPOINT")
+        if not endpoint:
+            raise CheckFailed("INTEROP_ENDPOINT is not set")
+        env["SNOWLUMA_MCP_ENDPOINT"] = endpoint
+    if mode == "write":
+        stream_dir = os.environ.get("INTEROP_STREAM_DIR")
+        if not stream_dir or not os.path.isdir(stream_dir):
+            raise CheckFailed(f"INTEROP_STREAM_DIR is not an existing directory: {stream_dir!r}")
+        env["SNOWLUMA_MCP_STREAM_DIR"] = stream_dir
+    return env, stream_dir
+
+
+async def main_async(report: Report, mode: str) -> None:
+    try:
+        env, stream_dir = build_env(mode)
+    except CheckFailed as e:
+        report.fail("setup", str(e))
+        return
+    try:
+        with anyio.fail_after(ASYNC_DEADLINE_S):
+            for era in ("legacy", "auto"):
+                await Run(report, mode, era, env, stream_dir).run()
+    except TimeoutError:
+        report.fail("deadline", f"the run did not finish within {ASYNC_DEADLINE_S:g} s")
+
+
+def main() -> int:
+    mode = os.environ.get("INTEROP_MODE", "")
+    report = Report(mode or "?")
+    if mode not in ("docs", "read", "write"):
+        report.fail("setup", f"INTEROP_MODE must be docs, read or write (got {mode!r})")
+        return report.finish()
+
+    def watchdog() -> None:
+        report.fail("deadline", f"hard deadline of {HARD_DEADLINE_S:g} s reached; aborting")
+        report.finish()
+        sys.stderr.flush()
+        os._exit(1)
+
+    timer = threading.Timer(HARD_DEADLINE_S, watchdog)
+    timer.daemon = True
+    timer.start()
+    try:
+        anyio.run(main_async, report, mode)
+    except BaseException as e:  # an escaped exception is a failure, never a hang or a silent pass
+        report.fail("run", describe(e))
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        timer.cancel()
+    return report.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
