@@ -169,24 +169,25 @@ fn main() -> ExitCode {
         }
     };
     let ports = grants.network_ports.clone();
-    let spawner_sock = match spawner::fork(&exe, || match confine::confine_supervisor(&ports, &write_dirs) {
-        Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => {
-            match snowluma_workers::confine::seccomp::apply_spawner() {
-                Ok(_) => Ok(()),
-                Err(_) if degraded_ok => Ok(()),
-                Err(e) => Err(format!("the spawner cannot install its seccomp filter: {e}")),
+    let (spawner_sock, spawner_pid) =
+        match spawner::fork(&exe, || match confine::confine_supervisor(&ports, &write_dirs) {
+            Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => {
+                match snowluma_workers::confine::seccomp::apply_spawner() {
+                    Ok(_) => Ok(()),
+                    Err(_) if degraded_ok => Ok(()),
+                    Err(e) => Err(format!("the spawner cannot install its seccomp filter: {e}")),
+                }
             }
-        }
-        Ok(r) => Err(format!("the spawner's Landlock domain is {}", r.landlock.status.as_str())),
-        Err(_) if degraded_ok => Ok(()),
-        Err(e) => Err(format!("the spawner cannot confine itself: {e}")),
-    }) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("snowluma-mcp: cannot start the spawner: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+            Ok(r) => Err(format!("the spawner's Landlock domain is {}", r.landlock.status.as_str())),
+            Err(_) if degraded_ok => Ok(()),
+            Err(e) => Err(format!("the spawner cannot confine itself: {e}")),
+        }) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("snowluma-mcp: cannot start the spawner: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
     drop(exe);
     let supervisor_report = match confine::confine_supervisor_strict() {
         Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => Some(r),
@@ -240,9 +241,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(config, policy, audit, grants, transfer_dirs, spawner_sock, resolved)) {
+    match rt.block_on(run(config, policy, audit, grants, transfer_dirs, (spawner_sock, spawner_pid), resolved)) {
         Ok(Ended::Finished) => ExitCode::SUCCESS,
-        Ok(Ended::StdoutGone) => ExitCode::FAILURE,
+        Ok(Ended::StdoutGone) | Ok(Ended::SpawnerDied) => ExitCode::FAILURE,
         Err(e) => {
             tracing::error!(error = %e, "server stopped with an error");
             ExitCode::FAILURE
@@ -357,10 +358,11 @@ async fn run(
     audit: Option<audit::AuditLog>,
     grants: confine::WorkerGrants,
     transfer_dirs: Option<TransferDirs>,
-    spawner_sock: std::os::fd::OwnedFd,
+    (spawner_sock, spawner_pid): (std::os::fd::OwnedFd, nix::unistd::Pid),
     resolved: Vec<std::net::SocketAddr>,
 ) -> Result<Ended, Box<dyn std::error::Error>> {
-    let spawner = spawner::SpawnerClient::start(spawner_sock)?;
+    let spawner = spawner::SpawnerClient::start(spawner_sock, spawner_pid)?;
+    let spawner_gone = spawner.gone();
     let spec = Arc::new(SpawnSpec { spawner, log_filter: config.log.clone(), grants });
     let catalog = WorkerSlot::start(
         Role::Catalog,
@@ -420,7 +422,30 @@ async fn run(
     let transport = transport::LineTransport::stdio(info);
     let stdout = transport.stdout_state();
     let result = match server.serve(transport).await {
-        Ok(running) => running.waiting().await.map(|_| Ended::Finished).map_err(|e| e.into()),
+        Ok(running) => {
+            // The spawner dying leaves a server that cannot start or restart
+            // a worker: end the session (the calls in flight fail with an
+            // error and are answered) so that the client or systemd starts a
+            // whole, confined tree again.
+            let session = running.cancellation_token();
+            let watch_slots = slots.clone();
+            let died = spawner_gone.clone();
+            let watcher = tokio::spawn(async move {
+                died.cancelled().await;
+                tracing::error!("the spawner process died; ending the session so that a whole server is started again");
+                for s in &watch_slots {
+                    s.shutdown();
+                }
+                session.cancel();
+            });
+            let r = running.waiting().await;
+            watcher.abort();
+            match r {
+                Ok(_) if spawner_gone.is_cancelled() => Ok(Ended::SpawnerDied),
+                Ok(_) => Ok(Ended::Finished),
+                Err(e) => Err(e.into()),
+            }
+        }
         // stdin ended before the session started (a client that only probed
         // the command, or went away): an ordinary end, not a failure.
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
@@ -442,4 +467,6 @@ enum Ended {
     Finished,
     /// stdout failed: the client is gone; already logged.
     StdoutGone,
+    /// The spawner died; already logged.
+    SpawnerDied,
 }

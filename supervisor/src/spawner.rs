@@ -100,14 +100,14 @@ fn recv<T: for<'de> Deserialize<'de>>(fd: RawFd) -> Result<Option<(T, Vec<OwnedF
 pub fn fork(
     exe: &crate::workers::SelfExe,
     confine: impl FnOnce() -> Result<(), String>,
-) -> Result<OwnedFd, SpawnerError> {
+) -> Result<(OwnedFd, nix::unistd::Pid), SpawnerError> {
     let (ours, theirs) = snowluma_proto::fdpass::pair()?;
     // SAFETY: the process is single-threaded here (no runtime yet), so the
     // child may run arbitrary code; it never returns into the caller.
     match unsafe { nix::unistd::fork() }? {
-        nix::unistd::ForkResult::Parent { .. } => {
+        nix::unistd::ForkResult::Parent { child } => {
             drop(theirs);
-            Ok(ours)
+            Ok((ours, child))
         }
         nix::unistd::ForkResult::Child => {
             drop(ours);
@@ -174,7 +174,10 @@ fn child_main(
                         Err(e) => FromSpawner::SpawnFailed { req, error: e.to_string() },
                     };
                     drop(fds);
-                    send(sock.as_fd(), &reply, &[])?;
+                    if !deliver(sock.as_fd(), &reply)? {
+                        reap_all(&mut children);
+                        return Ok(());
+                    }
                 }
                 Ok(Some((ToSpawner::Kill { pid }, _))) => {
                     if let Some(c) = children.get_mut(&pid) {
@@ -183,10 +186,7 @@ fn child_main(
                 }
                 Ok(None) | Err(_) => {
                     // The supervisor is gone: so are its workers.
-                    for c in children.values_mut() {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
+                    reap_all(&mut children);
                     return Ok(());
                 }
             }
@@ -199,8 +199,29 @@ fn child_main(
         }
         for (pid, status) in exited {
             children.remove(&pid);
-            send(sock.as_fd(), &FromSpawner::Exited { pid, code: status.code(), signal: status.signal() }, &[])?;
+            if !deliver(sock.as_fd(), &FromSpawner::Exited { pid, code: status.code(), signal: status.signal() })? {
+                reap_all(&mut children);
+                return Ok(());
+            }
         }
+    }
+}
+
+/// Send a message to the supervisor: `Ok(false)` when it has gone away (the
+/// end of every session, not an error worth a log line).
+fn deliver(sock: BorrowedFd<'_>, msg: &FromSpawner) -> Result<bool, SpawnerError> {
+    match send(sock, msg, &[]) {
+        Ok(()) => Ok(true),
+        Err(SpawnerError::Sys(nix::Error::EPIPE | nix::Error::ECONNRESET | nix::Error::ENOTCONN)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Stop and reap every worker (the supervisor is gone, so are they).
+fn reap_all(children: &mut HashMap<i32, std::process::Child>) {
+    for c in children.values_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
     }
 }
 
@@ -256,6 +277,20 @@ fn spawn(
 
 // ---------------------------------------------------------------- the supervisor's client
 
+/// Reap the spawner, whose socket just closed: it exits right after (or is
+/// already a zombie). Polls briefly rather than blocking the runtime; a
+/// spawner that closed its socket but lingers is left to the kernel, which
+/// reaps it when the supervisor exits, as it is about to.
+async fn reap(pid: nix::unistd::Pid) {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    for _ in 0..50 {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            _ => return,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct ExitInfo {
     pub code: Option<i32>,
@@ -285,6 +320,9 @@ struct ClientState {
 pub struct SpawnerClient {
     sock: Arc<AsyncFd<OwnedFd>>,
     state: Arc<Mutex<ClientState>>,
+    /// Cancelled the moment the spawner's socket closes (it died): no
+    /// worker can be started or restarted any more.
+    gone: tokio_util::sync::CancellationToken,
 }
 
 /// A worker started by the spawner.
@@ -294,8 +332,9 @@ pub struct SpawnedChild {
 }
 
 impl SpawnerClient {
-    /// Start the reader on the current runtime.
-    pub fn start(sock: OwnedFd) -> Result<Arc<SpawnerClient>, SpawnerError> {
+    /// Start the reader on the current runtime. `pid` is the spawner's, to
+    /// reap it when it dies.
+    pub fn start(sock: OwnedFd, pid: nix::unistd::Pid) -> Result<Arc<SpawnerClient>, SpawnerError> {
         let flags = nix::fcntl::fcntl(&sock, nix::fcntl::FcntlArg::F_GETFL)?;
         let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
         nix::fcntl::fcntl(&sock, nix::fcntl::FcntlArg::F_SETFL(flags))?;
@@ -303,7 +342,8 @@ impl SpawnerClient {
         // unchanged for its whole life.
         let afd = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE | Interest::WRITABLE) }
             .map_err(|e| e.into_parts().1)?;
-        let client = Arc::new(SpawnerClient { sock: Arc::new(afd), state: Arc::default() });
+        let gone = tokio_util::sync::CancellationToken::new();
+        let client = Arc::new(SpawnerClient { sock: Arc::new(afd), state: Arc::default(), gone: gone.clone() });
         let (sock, state) = (client.sock.clone(), client.state.clone());
         tokio::spawn(async move {
             loop {
@@ -319,7 +359,8 @@ impl SpawnerClient {
                         s.spawns.clear();
                         s.exits.clear();
                     }
-                    tracing::error!("the spawner is gone; workers cannot be restarted");
+                    reap(pid).await;
+                    gone.cancel();
                     return;
                 };
                 let Ok(mut s) = state.lock() else { return };
@@ -395,6 +436,11 @@ impl SpawnerClient {
             }
         }
         Ok(SpawnedChild { pid, exit: erx })
+    }
+
+    /// Cancelled when the spawner has died (see [`SpawnerClient::gone`]).
+    pub fn gone(&self) -> tokio_util::sync::CancellationToken {
+        self.gone.clone()
     }
 
     pub fn kill(&self, pid: i32) {

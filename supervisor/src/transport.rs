@@ -58,6 +58,10 @@ struct State {
     lifecycle_started: bool,
     /// Ids (as JSON text) of in-flight modern requests.
     modern: HashSet<String>,
+    /// Ids (as JSON text) of every request handed to rmcp and not yet
+    /// answered (or cancelled by the client): at stdin's end the session
+    /// waits for these, so that no accepted call loses its reply.
+    accepted: HashSet<String>,
 }
 
 /// The sending side, shared by rmcp's sends and our own error replies.
@@ -67,6 +71,8 @@ struct Out {
     gone: AtomicBool,
     /// Wakes `receive` so that the session ends once stdout is gone.
     gone_notify: tokio::sync::Notify,
+    /// Signalled each time an accepted request is answered or cancelled.
+    answered: tokio::sync::Notify,
 }
 
 impl Out {
@@ -111,6 +117,9 @@ pub struct LineTransport {
     line: Vec<u8>,
     /// Set once the current line exceeded the limit: the prefix kept for id recovery.
     overflow: Option<Vec<u8>>,
+    /// Whether the end of stdin with calls in flight was logged (rmcp may
+    /// drop and re-poll `receive` while they finish).
+    eof_logged: bool,
     out: Writer,
     state: Arc<Mutex<State>>,
     server_info: Arc<Value>,
@@ -136,10 +145,12 @@ impl LineTransport {
             reader: BufReader::with_capacity(64 * 1024, input),
             line: Vec::new(),
             overflow: None,
+            eof_logged: false,
             out: Arc::new(Out {
                 w: tokio::sync::Mutex::new(output),
                 gone: AtomicBool::new(false),
                 gone_notify: tokio::sync::Notify::new(),
+                answered: tokio::sync::Notify::new(),
             }),
             state: Arc::default(),
             server_info: Arc::new(server_info),
@@ -191,6 +202,31 @@ impl LineTransport {
                     Some(prefix) => Line::TooLong(prefix),
                     None => Line::Full(line),
                 });
+            }
+        }
+    }
+
+    /// stdin has ended. Every request already handed to rmcp is still
+    /// answered: the session ends (this returns `None`) only once none is
+    /// outstanding, each within its own timeout, or when stdout is gone. A
+    /// SIGTERM still ends the process at once.
+    async fn drain_at_eof(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            // Register before checking, so an answer in between is not missed.
+            let answered = self.out.answered.notified();
+            let mut answered = std::pin::pin!(answered);
+            answered.as_mut().enable();
+            let outstanding = self.state.lock().map(|s| s.accepted.len()).unwrap_or(0);
+            if outstanding == 0 || self.out.gone.load(Ordering::Acquire) {
+                return None;
+            }
+            if !self.eof_logged {
+                tracing::info!(calls = outstanding, "stdin ended; finishing the calls in flight");
+                self.eof_logged = true;
+            }
+            tokio::select! {
+                () = answered => {}
+                () = self.out.gone_notify.notified() => return None,
             }
         }
     }
@@ -412,7 +448,13 @@ impl Transport<RoleServer> for LineTransport {
                 _ => None,
             };
             let modern = match id {
-                Some(key) => state.lock().map(|mut s| s.modern.remove(&key)).unwrap_or(false),
+                Some(key) => state
+                    .lock()
+                    .map(|mut s| {
+                        s.accepted.remove(&key);
+                        s.modern.remove(&key)
+                    })
+                    .unwrap_or(false),
                 None => false,
             };
             let fast = match &item {
@@ -437,6 +479,7 @@ impl Transport<RoleServer> for LineTransport {
             // A write failure is handled (logged once, session ended) by
             // `send_line`; telling rmcp as well would only log it again.
             out.send_line(line).await;
+            out.answered.notify_one();
             Ok(())
         }
     }
@@ -453,7 +496,7 @@ impl Transport<RoleServer> for LineTransport {
                 r = self.read_line() => r,
             };
             let line = match read {
-                Ok(Line::Eof) => return None,
+                Ok(Line::Eof) => return self.drain_at_eof().await,
                 Ok(Line::Full(bytes)) => bytes,
                 Ok(Line::TooLong(prefix)) => {
                     tracing::warn!(limit = MAX_LINE_BYTES, "input message over the size limit rejected");
@@ -552,15 +595,19 @@ impl Transport<RoleServer> for LineTransport {
                     }
                 }
                 if is_request {
-                    if let (Some(ver), Some(id)) = (version, &peek.id)
-                        && ver >= MODERN_FROM
-                    {
-                        st.modern.insert(id.to_string());
+                    if let Some(id) = &peek.id {
+                        st.accepted.insert(id.to_string());
+                        if version.is_some_and(|v| v >= MODERN_FROM) {
+                            st.modern.insert(id.to_string());
+                        }
                     }
                 } else if peek.method.as_deref() == Some("notifications/cancelled")
                     && let Some(rid) = peek.params.as_ref().and_then(|p| p.request_id.as_ref())
                 {
+                    // A cancelled request gets no reply: nothing to wait for.
                     st.modern.remove(&rid.to_string());
+                    st.accepted.remove(&rid.to_string());
+                    self.out.answered.notify_one();
                 }
             }
             return Some(msg);

@@ -49,7 +49,29 @@ pub trait RoleHandler: Send + Sync + 'static {
     fn handle(&self, request: Request, ctx: Ctx) -> impl Future<Output = Reply> + Send;
 }
 
+/// Whether an IPC error only means that the supervisor has gone away (the
+/// ordinary end of every session): no error to report.
+fn supervisor_gone(e: &FrameError) -> bool {
+    match e {
+        FrameError::Closed => true,
+        FrameError::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+        ),
+        _ => false,
+    }
+}
+
+/// Serve the IPC connection until the supervisor closes it. The supervisor
+/// going away at any point, even mid-handshake, is an ordinary end.
 pub async fn serve<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Result<(), ServeError> {
+    match serve_inner(fd, role, handler).await {
+        Err(ServeError::Frame(e)) if supervisor_gone(&e) => Ok(()),
+        other => other,
+    }
+}
+
+async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Result<(), ServeError> {
     let (rd, mut wr) = snowluma_proto::sockio::split_one(fd)?;
     // One recv per message: the length prefix and the body come from the buffer.
     let mut rd = tokio::io::BufReader::with_capacity(64 * 1024, rd);

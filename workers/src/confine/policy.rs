@@ -232,6 +232,8 @@ pub const SUPERVISOR: &[Allow] = &[
     // descriptor (supervisor/src/stdio.rs).
     any("poll", libc::SYS_poll),
     any("ppoll", libc::SYS_ppoll),
+    // Reaping the spawner, its only child, when it dies (spawner.rs).
+    any("wait4", libc::SYS_wait4),
     any("uname", libc::SYS_uname),
     only("prctl", libc::SYS_prctl, &[&[Cmp::Eq(0, libc::PR_SET_NAME as u64)]]),
     any("openat", libc::SYS_openat),
