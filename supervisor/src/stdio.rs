@@ -85,6 +85,30 @@ impl Output {
     }
 }
 
+/// A duplicate of stdout (a socket or a pipe), to ask how many bytes written
+/// to it the client has not read yet.
+pub struct Unread {
+    fd: OwnedFd,
+    socket: bool,
+}
+
+impl Unread {
+    fn of(fd: &OwnedFd, socket: bool) -> Option<Unread> {
+        fd.try_clone().ok().map(|fd| Unread { fd, socket })
+    }
+
+    /// Bytes written and not yet read by the client (`SIOCOUTQ` on a Unix
+    /// stream socket, `FIONREAD` on a pipe); `None` if the kernel will not say.
+    pub fn bytes(&self) -> Option<usize> {
+        let request = if self.socket { nix::libc::TIOCOUTQ } else { nix::libc::FIONREAD };
+        let mut n: nix::libc::c_int = 0;
+        // SAFETY: both requests write one c_int through the pointer, which
+        // points at a live local; the descriptor is owned and open.
+        let rc = unsafe { nix::libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&self.fd), request, &mut n) };
+        (rc == 0).then_some(usize::try_from(n).unwrap_or(0))
+    }
+}
+
 /// `write(2)` until done; `EINTR` retried, `EAGAIN` (a descriptor someone
 /// else made non-blocking) waits in `poll` for space.
 fn write_all_blocking(fd: BorrowedFd<'_>, mut data: &[u8]) -> io::Result<()> {
@@ -139,7 +163,22 @@ fn same(a: &Desc, b: &Desc) -> bool {
 
 /// The two directions of stdio, each driven according to its own type.
 /// Must be called inside the tokio runtime.
-pub fn open() -> (Input, Output, Kind, Kind) {
+pub struct Stdio {
+    pub input: Input,
+    pub output: Output,
+    pub in_kind: Kind,
+    pub out_kind: Kind,
+    /// For a socket or pipe stdout: how much the client has not read yet.
+    pub unread: Option<Unread>,
+}
+
+pub fn open() -> Stdio {
+    let unread = describe(1).and_then(|d| (d.socket || d.fifo).then(|| Unread::of(&d.fd, d.socket)).flatten());
+    let (input, output, in_kind, out_kind) = open_halves();
+    Stdio { input, output, in_kind, out_kind, unread }
+}
+
+fn open_halves() -> (Input, Output, Kind, Kind) {
     let input = describe(0);
     let output = describe(1);
     // systemd `Accept=yes`: one connected socket as both 0 and 1.

@@ -98,9 +98,7 @@ fn nullable(schema: Value) -> Value {
 /// validate every result against the advertised schema (the TypeScript SDK
 /// v1 does, errors included) accept error results too.
 fn output_schema(result: Value) -> Arc<JsonObject> {
-    // A schema without a type (the executing tools' envelope) already
-    // admits null.
-    let result = if result.get("type").is_some() { nullable(result) } else { result };
+    let result = nullable(result);
     obj(json!({
         "type": "object",
         "properties": {
@@ -177,13 +175,13 @@ pub fn definition(spec: ToolSpec) -> Tool {
         "query_action" => (
             "Execute a read-only OneBot action against the configured SnowLuma server and return its envelope {status, retcode, data} unchanged. Refuses actions that change state; use invoke_action in write mode for those.",
             json!(null),
-            json!({"description": "The OneBot envelope as SnowLuma returned it."}),
+            json!({"type": "object", "additionalProperties": true, "description": "The OneBot envelope as SnowLuma returned it."}),
             annotations(true, false, true),
         ),
         "invoke_action" => (
             "Execute any catalog OneBot action (including writes and Stream API actions) against the configured SnowLuma server. Write mode only. Never retried automatically: check diagnostics.outcome, status and retcode.",
             json!(null),
-            json!({"description": "The OneBot envelope, or for stream actions the frame collection / saved-file metadata."}),
+            json!({"type": "object", "additionalProperties": true, "description": "The OneBot envelope, or for stream actions the frame collection / saved-file metadata."}),
             annotations(false, true, true),
         ),
         _ => (

@@ -32,6 +32,10 @@ pub const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
 /// Bytes of an over-long line kept to recover its id.
 const ID_SCAN_BYTES: usize = 64 * 1024;
 
+/// Longest wait for the client to read a progress notification before the
+/// reply that follows it is written.
+const READ_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 pub const SUPPORTED_VERSIONS: [&str; 4] = ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"];
 const MODERN_FROM: &str = "2026-07-28";
 
@@ -73,6 +77,10 @@ struct Out {
     gone_notify: tokio::sync::Notify,
     /// Signalled each time an accepted request is answered or cancelled.
     answered: tokio::sync::Notify,
+    /// How much of stdout the client has not read (sockets and pipes).
+    unread: Option<crate::stdio::Unread>,
+    /// The last message written was a progress notification.
+    after_progress: AtomicBool,
 }
 
 impl Out {
@@ -80,6 +88,21 @@ impl Out {
     /// reader is gone (or stdout is unusable): nothing more can be
     /// delivered, so the first failure is logged once and ends the session;
     /// later messages are discarded without another line.
+    /// Wait (at most [`READ_WAIT`]) until the client has read everything
+    /// written so far. Used between a progress notification and the reply
+    /// that follows it: the TypeScript SDK handles notifications in a
+    /// microtask but responses at once, so when both arrive in one read it
+    /// meets the notification after the reply and reports an unknown
+    /// progress token (the final update, which the spec sends just before
+    /// a successful result, is then lost).
+    async fn wait_read(&self) {
+        let Some(unread) = &self.unread else { return };
+        let deadline = tokio::time::Instant::now() + READ_WAIT;
+        while unread.bytes().is_some_and(|n| n > 0) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
     async fn send_line(&self, line: Vec<u8>) {
         if self.gone.load(Ordering::Acquire) {
             return;
@@ -140,7 +163,12 @@ pub enum TransportError {
 }
 
 impl LineTransport {
-    pub fn new(input: Box<dyn AsyncRead + Send + Sync + Unpin>, output: Output, server_info: Value) -> LineTransport {
+    pub fn new(
+        input: Box<dyn AsyncRead + Send + Sync + Unpin>,
+        output: Output,
+        unread: Option<crate::stdio::Unread>,
+        server_info: Value,
+    ) -> LineTransport {
         LineTransport {
             reader: BufReader::with_capacity(64 * 1024, input),
             line: Vec::new(),
@@ -151,6 +179,8 @@ impl LineTransport {
                 gone: AtomicBool::new(false),
                 gone_notify: tokio::sync::Notify::new(),
                 answered: tokio::sync::Notify::new(),
+                unread,
+                after_progress: AtomicBool::new(false),
             }),
             state: Arc::default(),
             server_info: Arc::new(server_info),
@@ -160,9 +190,9 @@ impl LineTransport {
     /// stdin/stdout, each direction driven according to what the host gave
     /// us (see [`crate::stdio`]).
     pub fn stdio(server_info: Value) -> LineTransport {
-        let (input, output, in_kind, out_kind) = crate::stdio::open();
-        tracing::debug!(stdin = in_kind.as_str(), stdout = out_kind.as_str(), "stdio");
-        LineTransport::new(input, output, server_info)
+        let io = crate::stdio::open();
+        tracing::debug!(stdin = io.in_kind.as_str(), stdout = io.out_kind.as_str(), "stdio");
+        LineTransport::new(io.input, io.output, io.unread, server_info)
     }
 
     /// Set once stdout has failed: the session ended because the client is
@@ -476,9 +506,20 @@ impl Transport<RoleServer> for LineTransport {
                 serde_json::to_vec(&item)?
             };
             line.push(b'\n');
+            let is_reply = matches!(item, JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_));
+            let is_progress = matches!(
+                &item,
+                JsonRpcMessage::Notification(n) if matches!(n.notification, rmcp::model::ServerNotification::ProgressNotification(_))
+            );
+            if is_reply && out.after_progress.swap(false, Ordering::AcqRel) {
+                out.wait_read().await;
+            }
             // A write failure is handled (logged once, session ended) by
             // `send_line`; telling rmcp as well would only log it again.
             out.send_line(line).await;
+            if is_progress {
+                out.after_progress.store(true, Ordering::Release);
+            }
             out.answered.notify_one();
             Ok(())
         }

@@ -232,6 +232,10 @@ pub const SUPERVISOR: &[Allow] = &[
     // descriptor (supervisor/src/stdio.rs).
     any("poll", libc::SYS_poll),
     any("ppoll", libc::SYS_ppoll),
+    // How much of stdout the client has not read yet (SIOCOUTQ on a
+    // socket, FIONREAD on a pipe): the transport lets a progress
+    // notification be read before the reply that follows it.
+    only("ioctl", libc::SYS_ioctl, &[&[Cmp::Eq(1, libc::TIOCOUTQ)], &[Cmp::Eq(1, libc::FIONREAD)]]),
     // Reaping the spawner, its only child, when it dies (spawner.rs).
     any("wait4", libc::SYS_wait4),
     any("uname", libc::SYS_uname),

@@ -1,0 +1,496 @@
+// Shared helpers of the Node interoperability clients (v1.mjs, v2.mjs,
+// inspector.mjs): the environment contract with tests/tests/interop.rs,
+// check bookkeeping, the overall deadline, JSON Schema validation with ajv,
+// and the scenario both TypeScript SDK clients run (through a small adapter,
+// so that each script keeps its own SDK's calling conventions).
+//
+// Output contract: one line per check on stdout, `ok <name>` or
+// `FAIL <name>: <reason>`, then `<client> <mode>: N checks passed, M failed`;
+// exit status 0 iff every check passed.
+
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { Ajv2020 } from 'ajv/dist/2020.js';
+import addFormatsModule from 'ajv-formats';
+
+const addFormats = addFormatsModule.default ?? addFormatsModule;
+
+/** Overall budget of one script run, in ms (the harness runs each script once per mode). */
+export const DEADLINE_MS = 90_000;
+/** Budget of one MCP request, in ms. */
+export const REQUEST_TIMEOUT_MS = 20_000;
+
+export const DOCS_TOOLS = ['list_actions', 'get_action', 'search_actions', 'list_categories', 'get_runtime_info'];
+export const ACTION_COUNT = 179;
+export const ACTIONS_URI = 'snowluma://onebot/actions';
+export const ACTION_TEMPLATE = 'snowluma://onebot/actions/{name}';
+export const INTEROP_FILE = 'interop.bin';
+export const INTEROP_FILE_BYTES = 262_144;
+
+/** The tools the server must list in `mode`. */
+export function expectedTools(mode) {
+    if (mode === 'docs') return [...DOCS_TOOLS];
+    if (mode === 'read') return [...DOCS_TOOLS, 'query_action'];
+    return [...DOCS_TOOLS, 'query_action', 'invoke_action'];
+}
+
+/** The bytes the fake serves for interop.bin: byte i is i % 251. */
+export function expectedFileBytes() {
+    const bytes = Buffer.alloc(INTEROP_FILE_BYTES);
+    for (let i = 0; i < bytes.length; i++) bytes[i] = i % 251;
+    return bytes;
+}
+
+export function sha256Hex(bytes) {
+    return createHash('sha256').update(bytes).digest('hex');
+}
+
+/**
+ * The run's configuration from the environment the harness sets. Throws a
+ * readable Error when it is incomplete.
+ */
+export function readConfig() {
+    const bin = process.env.SNOWLUMA_MCP_BIN;
+    const mode = process.env.INTEROP_MODE;
+    const endpoint = process.env.INTEROP_ENDPOINT;
+    const streamDir = process.env.INTEROP_STREAM_DIR;
+    if (!bin) throw new Error('SNOWLUMA_MCP_BIN is not set (absolute path of the snowluma-mcp binary)');
+    if (!path.isAbsolute(bin)) throw new Error(`SNOWLUMA_MCP_BIN must be an absolute path, got ${bin}`);
+    if (!['docs', 'read', 'write'].includes(mode)) throw new Error(`INTEROP_MODE must be docs, read or write, got ${JSON.stringify(mode)}`);
+    if (mode !== 'docs' && !endpoint) throw new Error(`INTEROP_ENDPOINT is required in ${mode} mode`);
+    if (mode === 'write') {
+        if (!streamDir) throw new Error('INTEROP_STREAM_DIR is required in write mode');
+        if (!path.isAbsolute(streamDir) || !fs.statSync(streamDir).isDirectory()) {
+            throw new Error(`INTEROP_STREAM_DIR must be an existing absolute directory, got ${streamDir}`);
+        }
+    }
+    return { bin, mode, endpoint, streamDir };
+}
+
+/**
+ * The server's environment, exactly: PATH, the mode, and the endpoint and
+ * stream directory where the mode uses them. (The SDKs' stdio transports add
+ * their own short list of inherited variables, HOME, USER and the like, as
+ * they do for every host.)
+ */
+export function serverEnv(cfg) {
+    const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', SNOWLUMA_MCP_MODE: cfg.mode };
+    if (cfg.mode !== 'docs') env.SNOWLUMA_MCP_ENDPOINT = cfg.endpoint;
+    if (cfg.mode === 'write') env.SNOWLUMA_MCP_STREAM_DIR = cfg.streamDir;
+    return env;
+}
+
+function oneLine(text) {
+    return String(text).replace(/\s+/g, ' ').trim();
+}
+
+export function errorText(err) {
+    if (err instanceof Error) {
+        const code = err.code !== undefined ? ` (code ${err.code})` : '';
+        return oneLine(`${err.name}: ${err.message}${code}`);
+    }
+    return oneLine(JSON.stringify(err) ?? String(err));
+}
+
+/** Check bookkeeping and the final summary line. */
+export class Checks {
+    constructor(client, mode) {
+        this.client = client;
+        this.mode = mode;
+        this.passed = 0;
+        this.failed = 0;
+        this.finished = false;
+    }
+
+    ok(name) {
+        this.passed++;
+        process.stdout.write(`ok ${oneLine(name)}\n`);
+    }
+
+    fail(name, reason) {
+        this.failed++;
+        process.stdout.write(`FAIL ${oneLine(name)}: ${oneLine(reason)}\n`);
+    }
+
+    /**
+     * Run one check: `fn` returns nothing (ok), a string (ok, appended to the
+     * name as detail) or throws (FAIL with the error's message). Returns
+     * whether it passed.
+     */
+    async check(name, fn) {
+        try {
+            const detail = await fn();
+            this.ok(typeof detail === 'string' && detail !== '' ? `${name} (${detail})` : name);
+            return true;
+        } catch (err) {
+            this.fail(name, err instanceof CheckFailure ? err.message : errorText(err));
+            return false;
+        }
+    }
+
+    /** Print the summary and exit (0 iff all passed and at least one check ran). */
+    finish() {
+        if (this.finished) return;
+        this.finished = true;
+        if (this.passed + this.failed === 0) this.fail('checks ran', 'no check ran');
+        process.stdout.write(`${this.client} ${this.mode}: ${this.passed} checks passed, ${this.failed} failed\n`);
+        process.exit(this.failed === 0 ? 0 : 1);
+    }
+}
+
+/** A failed expectation (its message is the FAIL reason as it stands). */
+export class CheckFailure extends Error {}
+
+export function expect(cond, reason) {
+    if (!cond) throw new CheckFailure(reason);
+}
+
+/**
+ * Fail and exit when the whole run exceeds DEADLINE_MS, and on anything
+ * thrown outside a check. `cleanup` (optional, sync) kills what the script
+ * started.
+ */
+export function installGuards(checks, cleanup = () => {}) {
+    const timer = setTimeout(() => {
+        checks.fail('deadline', `the script did not finish within ${DEADLINE_MS / 1000} s`);
+        try { cleanup(); } catch { /* exiting anyway */ }
+        checks.finish();
+    }, DEADLINE_MS);
+    const bail = (what) => (err) => {
+        checks.fail(what, errorText(err));
+        try { cleanup(); } catch { /* exiting anyway */ }
+        checks.finish();
+    };
+    process.on('uncaughtException', bail('uncaught exception'));
+    process.on('unhandledRejection', bail('unhandled rejection'));
+    return timer;
+}
+
+/** Reject after `ms` with a readable error unless `promise` settles first. */
+export function withTimeout(promise, ms, what) {
+    let timer;
+    const timeout = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new CheckFailure(`${what}: no answer within ${ms} ms`)), ms);
+    });
+    return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+// ---------------------------------------------------------------- schemas --
+
+/**
+ * An ajv instance for tool schemas. MCP's default dialect for tool schemas
+ * is JSON Schema 2020-12, so Ajv2020; ajv's default strict mode stays on, so
+ * a schema with an unknown keyword does not compile.
+ */
+export function makeAjv() {
+    const ajv = new Ajv2020({ allErrors: true });
+    addFormats(ajv);
+    return ajv;
+}
+
+function ajvErrors(validate) {
+    return (validate.errors ?? []).map((e) => `${e.instancePath || '/'} ${e.message}`).join('; ');
+}
+
+/** Compile every tool's inputSchema and outputSchema; returns Map name -> validate(outputSchema). */
+export function compileToolSchemas(ajv, tools) {
+    const validators = new Map();
+    const problems = [];
+    for (const tool of tools) {
+        try {
+            ajv.compile(tool.inputSchema);
+        } catch (err) {
+            problems.push(`${tool.name}: inputSchema does not compile: ${errorText(err)}`);
+        }
+        if (tool.outputSchema === undefined) {
+            problems.push(`${tool.name}: no outputSchema`);
+            continue;
+        }
+        try {
+            validators.set(tool.name, ajv.compile(tool.outputSchema));
+        } catch (err) {
+            problems.push(`${tool.name}: outputSchema does not compile: ${errorText(err)}`);
+        }
+    }
+    return { validators, problems };
+}
+
+const OUTCOMES = ['success', 'failed', 'unknown'];
+
+/**
+ * The checks every tools/call result gets: structuredContent is present,
+ * valid against the tool's advertised outputSchema (ajv), shaped
+ * {result, diagnostics:{outcome, kind?, message?, next_step?}}, and an
+ * isError result has result null and a failed/unknown outcome. Returns the
+ * list of problems (empty when all hold).
+ */
+export function resultProblems(validators, tool, res) {
+    const problems = [];
+    if (res === null || typeof res !== 'object') return [`the result is not an object: ${JSON.stringify(res)}`];
+    const sc = res.structuredContent;
+    if (sc === undefined || sc === null || typeof sc !== 'object' || Array.isArray(sc)) {
+        return [`no structuredContent object (content: ${JSON.stringify(res.content)?.slice(0, 200)})`];
+    }
+    const validate = validators.get(tool);
+    if (!validate) problems.push(`no compiled outputSchema for ${tool}`);
+    else if (!validate(sc)) problems.push(`structuredContent does not match ${tool}'s outputSchema (ajv): ${ajvErrors(validate)}`);
+    if (!('result' in sc)) problems.push('structuredContent has no result');
+    const d = sc.diagnostics;
+    if (d === null || typeof d !== 'object') {
+        problems.push('structuredContent has no diagnostics object');
+    } else {
+        if (!OUTCOMES.includes(d.outcome)) problems.push(`diagnostics.outcome is ${JSON.stringify(d.outcome)}`);
+        for (const key of ['kind', 'message', 'next_step']) {
+            if (key in d && typeof d[key] !== 'string') problems.push(`diagnostics.${key} is not a string`);
+        }
+    }
+    if (res.isError === true) {
+        if (sc.result !== null) problems.push(`isError but result is not null: ${JSON.stringify(sc.result)?.slice(0, 120)}`);
+        if (d && d.outcome === 'success') problems.push('isError but diagnostics.outcome is success');
+    }
+    if (!Array.isArray(res.content) || res.content.length === 0) problems.push('no content blocks');
+    return problems;
+}
+
+// --------------------------------------------------------------- scenario --
+
+/**
+ * The scenario of the TypeScript SDK clients. `client` adapts one SDK:
+ *   connect(), serverInfo(), protocolVersion(), listTools(),
+ *   callTool(name, args, {onprogress?, signal?}), listResources(),
+ *   listResourceTemplates(), readResource(uri), close() -> {exitCode, signal, ms},
+ *   errors() -> the errors the SDK reported through its onerror hook
+ * Every call is bounded by REQUEST_TIMEOUT_MS (the adapters pass it to the
+ * SDK; withTimeout is the backstop).
+ */
+export async function runScenario(checks, cfg, client, { expectProtocol } = {}) {
+    const ajv = makeAjv();
+    let validators = new Map();
+    const T = (p, what) => withTimeout(p, REQUEST_TIMEOUT_MS + 5_000, what);
+
+    const connected = await checks.check('initialize', async () => {
+        await T(client.connect(), 'connect');
+        const info = client.serverInfo();
+        expect(info?.name === 'snowluma-mcp', `serverInfo.name is ${JSON.stringify(info?.name)}, expected "snowluma-mcp"`);
+        const version = client.protocolVersion();
+        if (expectProtocol) expect(version === expectProtocol, `negotiated protocol ${version}, expected ${expectProtocol}`);
+        return `serverInfo ${info.name} ${info.version}${version ? `, protocol ${version}` : ''}`;
+    });
+    if (!connected) return;
+
+    // tools/list comes first: the SDKs only validate structuredContent
+    // against outputSchema for tools they have listed.
+    await checks.check('tools/list', async () => {
+        const { tools } = await T(client.listTools(), 'tools/list');
+        const names = tools.map((t) => t.name);
+        const want = expectedTools(cfg.mode);
+        const missing = want.filter((n) => !names.includes(n));
+        const extra = names.filter((n) => !want.includes(n));
+        const compiled = compileToolSchemas(ajv, tools);
+        validators = compiled.validators;
+        const problems = [];
+        if (missing.length) problems.push(`missing ${missing.join(', ')}`);
+        if (extra.length) problems.push(`unexpected ${extra.join(', ')}`);
+        problems.push(...compiled.problems);
+        expect(problems.length === 0, problems.join('; '));
+        return `${names.length} tools, every inputSchema and outputSchema compiles`;
+    });
+
+    /**
+     * One tools/call as a check: the common result checks plus `verify(res)`
+     * (throws via expect; may return a detail string). A client that throws
+     * instead of returning the tool result is a FAIL with its message.
+     */
+    const call = (label, name, args, verify = () => {}, opts = {}) =>
+        checks.check(label, async () => {
+            let res;
+            try {
+                res = await T(client.callTool(name, args, opts), `tools/call ${name}`);
+            } catch (err) {
+                throw new CheckFailure(`the client threw instead of returning the tool result: ${errorText(err)}`);
+            }
+            const problems = resultProblems(validators, name, res);
+            expect(problems.length === 0, problems.join('; '));
+            return verify(res, res.structuredContent);
+        });
+
+    const success = (res, sc) => {
+        expect(res.isError !== true, `isError is true: ${JSON.stringify(sc.diagnostics)}`);
+        expect(sc.diagnostics.outcome === 'success', `diagnostics.outcome is ${sc.diagnostics.outcome}: ${JSON.stringify(sc.diagnostics)}`);
+    };
+
+    // ---- the documentation tools (every mode)
+    await call('tools/call list_actions {}', 'list_actions', {}, (res, sc) => {
+        success(res, sc);
+        expect(sc.result.actions.length === ACTION_COUNT, `${sc.result.actions.length} actions, expected ${ACTION_COUNT}`);
+        expect(sc.result.count === ACTION_COUNT, `count is ${sc.result.count}`);
+        return `${sc.result.count} actions`;
+    });
+    await call('tools/call list_actions {limit:5}', 'list_actions', { limit: 5 }, (res, sc) => {
+        success(res, sc);
+        expect(sc.result.actions.length === 5, `${sc.result.actions.length} actions, expected 5`);
+        expect(sc.result.next_offset === 5, `next_offset is ${JSON.stringify(sc.result.next_offset)}, expected 5`);
+        return `5 actions, next_offset 5, total ${sc.result.total}`;
+    });
+    await call('tools/call get_action {name:"get_status"}', 'get_action', { name: 'get_status' }, (res, sc) => {
+        success(res, sc);
+        expect(sc.result?.name === 'get_status', `result.name is ${JSON.stringify(sc.result?.name)}`);
+    });
+    await call('tools/call search_actions {query:"禁言",match:"keywords"}', 'search_actions', { query: '禁言', match: 'keywords' }, (res, sc) => {
+        success(res, sc);
+        const actions = sc.result.actions;
+        expect(Array.isArray(actions) && actions.length > 0, 'no result');
+        return `${actions.length} results, first ${actions[0].name}`;
+    });
+    await call('tools/call list_categories {}', 'list_categories', {}, (res, sc) => {
+        success(res, sc);
+        expect(Array.isArray(sc.result) && sc.result.length > 0, 'no categories');
+        const total = sc.result.reduce((n, c) => n + c.count, 0);
+        expect(total === ACTION_COUNT, `the category counts add up to ${total}, expected ${ACTION_COUNT}`);
+        return `${sc.result.length} categories`;
+    });
+    await call('tools/call get_runtime_info {}', 'get_runtime_info', {}, (res, sc) => {
+        success(res, sc);
+        expect(sc.result.mode === cfg.mode, `result.mode is ${JSON.stringify(sc.result.mode)}, expected ${cfg.mode}`);
+        return `mode ${sc.result.mode}`;
+    });
+
+    // ---- error paths: tool results, not thrown
+    await call('tools/call get_action {name:"no_such_action"} is a tool error', 'get_action', { name: 'no_such_action' }, (res, sc) => {
+        expect(res.isError === true, 'isError is not true');
+        expect(sc.result === null, 'result is not null');
+        expect(sc.diagnostics.kind === 'unknown_action', `diagnostics.kind is ${JSON.stringify(sc.diagnostics.kind)}, expected unknown_action`);
+        expect(typeof sc.diagnostics.next_step === 'string' && sc.diagnostics.next_step.trim() !== '', 'no next_step');
+        return `kind ${sc.diagnostics.kind}`;
+    });
+    await call('tools/call list_actions {limit:"ten"} is a tool error', 'list_actions', { limit: 'ten' }, (res, sc) => {
+        expect(res.isError === true, 'isError is not true');
+        expect(sc.result === null, 'result is not null');
+        expect(typeof sc.diagnostics.next_step === 'string' && sc.diagnostics.next_step.trim() !== '', 'no next_step');
+        return `kind ${sc.diagnostics.kind}`;
+    });
+
+    // ---- resources
+    await checks.check('resources/list', async () => {
+        const { resources } = await T(client.listResources(), 'resources/list');
+        const r = resources.find((x) => x.uri === ACTIONS_URI);
+        expect(r, `no ${ACTIONS_URI} among ${resources.map((x) => x.uri).join(', ')}`);
+        return `${resources.length} resources, ${ACTIONS_URI} ${r.mimeType ?? ''}`.trim();
+    });
+    await checks.check(`resources/read ${ACTIONS_URI}`, async () => {
+        const { contents } = await T(client.readResource(ACTIONS_URI), 'resources/read');
+        expect(contents.length === 1, `${contents.length} contents`);
+        const c = contents[0];
+        expect(typeof c.text === 'string', 'no text content');
+        const doc = JSON.parse(c.text);
+        const actions = Array.isArray(doc) ? doc : doc.actions;
+        expect(Array.isArray(actions), 'the JSON has no actions list');
+        expect(actions.length === ACTION_COUNT, `${actions.length} actions, expected ${ACTION_COUNT}`);
+        return `${actions.length} actions, ${c.text.length} chars, ${c.mimeType}`;
+    });
+    await checks.check('resources/templates/list', async () => {
+        const { resourceTemplates } = await T(client.listResourceTemplates(), 'resources/templates/list');
+        expect(resourceTemplates.some((t) => t.uriTemplate === ACTION_TEMPLATE),
+            `no ${ACTION_TEMPLATE} among ${resourceTemplates.map((t) => t.uriTemplate).join(', ')}`);
+    });
+    await checks.check(`resources/read ${ACTIONS_URI}/get_status`, async () => {
+        const { contents } = await T(client.readResource(`${ACTIONS_URI}/get_status`), 'resources/read');
+        expect(contents.length >= 1 && typeof contents[0].text === 'string', 'no text content');
+        const doc = JSON.parse(contents[0].text);
+        expect(doc.name === 'get_status', `name is ${JSON.stringify(doc.name)}`);
+    });
+
+    // ---- execution
+    if (cfg.mode !== 'docs') {
+        await call('tools/call query_action {action:"get_status"}', 'query_action', { action: 'get_status' }, (res, sc) => {
+            success(res, sc);
+            expect(sc.result?.status === 'ok', `result.status is ${JSON.stringify(sc.result?.status)}`);
+        });
+    }
+    if (cfg.mode === 'read') {
+        await call('tools/call query_action {action:"get_cookies"} is refused', 'query_action', { action: 'get_cookies' }, (res, sc) => {
+            expect(res.isError === true, 'isError is not true');
+            expect(sc.diagnostics.kind === 'policy_denied', `diagnostics.kind is ${JSON.stringify(sc.diagnostics.kind)}, expected policy_denied`);
+            return `kind ${sc.diagnostics.kind}`;
+        });
+        await call('tools/call query_action {action:"send_group_msg"} is refused in read mode', 'query_action',
+            { action: 'send_group_msg', params: { group_id: 1, message: 'x' } }, (res, sc) => {
+                expect(res.isError === true, `isError is not true: ${JSON.stringify(sc).slice(0, 200)}`);
+                return `kind ${sc.diagnostics.kind}`;
+            });
+    }
+    if (cfg.mode === 'write') {
+        await call('tools/call invoke_action send_group_msg is a business failure', 'invoke_action',
+            { action: 'send_group_msg', params: { group_id: 1, message: 'hi' } }, (res, sc) => {
+                expect(res.isError !== true, `isError is true: ${JSON.stringify(sc.diagnostics)}`);
+                expect(sc.diagnostics.outcome === 'failed', `diagnostics.outcome is ${sc.diagnostics.outcome}`);
+                expect(sc.result?.retcode === 100, `result.retcode is ${JSON.stringify(sc.result?.retcode)}`);
+                return `kind ${sc.diagnostics.kind}, wording ${JSON.stringify(sc.result.wording)}`;
+            });
+
+        let progress = [];
+        await call('tools/call invoke_action download_file_stream with progress', 'invoke_action',
+            { action: 'download_file_stream', params: { file: INTEROP_FILE } }, (res, sc) => {
+                success(res, sc);
+                const r = sc.result;
+                const want = sha256Hex(expectedFileBytes());
+                expect(r.file_size === INTEROP_FILE_BYTES, `result.file_size is ${r.file_size}`);
+                expect(r.sha256 === want, `result.sha256 is ${r.sha256}, expected ${want}`);
+                expect(typeof r.file_path === 'string', 'no result.file_path');
+                const rel = path.relative(fs.realpathSync(cfg.streamDir), fs.realpathSync(r.file_path));
+                expect(rel !== '' && !rel.startsWith('..') && !path.isAbsolute(rel), `${r.file_path} is not inside ${cfg.streamDir}`);
+                const onDisk = fs.readFileSync(r.file_path);
+                expect(sha256Hex(onDisk) === want, `the file on disk (${onDisk.length} bytes) has another SHA-256`);
+                expect(progress.length > 0, 'no progress notification arrived');
+                const last = progress[progress.length - 1];
+                return `${progress.length} progress notifications, last ${last.progress}/${last.total ?? '?'}`;
+            }, { onprogress: (p) => progress.push(p) });
+
+        await checks.check('tools/call query_action get_group_list cancelled after 300 ms', async () => {
+            const ac = new AbortController();
+            const started = Date.now();
+            const timer = setTimeout(() => ac.abort(), 300);
+            try {
+                const res = await T(client.callTool('query_action', { action: 'get_group_list' }, { signal: ac.signal }), 'tools/call query_action');
+                throw new CheckFailure(`the call was not cancelled: it answered after ${Date.now() - started} ms: ${JSON.stringify(res.structuredContent ?? res).slice(0, 200)}`);
+            } catch (err) {
+                if (err instanceof CheckFailure) throw err;
+                const ms = Date.now() - started;
+                expect(ac.signal.aborted, `the call failed before the abort: ${errorText(err)}`);
+                expect(ms < 5_000, `the client only gave up after ${ms} ms: ${errorText(err)}`);
+                return `client reported ${errorText(err)} after ${ms} ms`;
+            } finally {
+                clearTimeout(timer);
+            }
+        });
+        await call('tools/call list_categories {} after the cancellation', 'list_categories', {}, success);
+    }
+
+    // Anything the SDK reported through onerror instead of a request's
+    // promise: e.g. a progress notification after its request's response
+    // ("unknown token"), a message that does not parse, an unknown id.
+    await checks.check('no protocol errors reported by the client', async () => {
+        const errors = client.errors();
+        expect(errors.length === 0, `${errors.length} reported: ${errors.map(errorText).join(' | ')}`);
+    });
+
+    await checks.check('close', async () => {
+        const { exitCode, signal, ms } = await T(client.close(), 'close');
+        expect(exitCode === 0 && signal === null,
+            `the server did not exit 0 on stdin EOF: exit code ${exitCode}, signal ${signal} (after ${ms} ms; the SDK sends SIGTERM after 2 s)`);
+        return `server exited 0 after ${ms} ms`;
+    });
+}
+
+/**
+ * Follow a spawned stdio transport's child: resolves {exitCode, signal}
+ * once it has exited. `child` is the transport's ChildProcess.
+ */
+export function childExit(child) {
+    if (!child) return Promise.resolve({ exitCode: null, signal: 'unknown' });
+    if (child.exitCode !== null || child.signalCode !== null) {
+        return Promise.resolve({ exitCode: child.exitCode, signal: child.signalCode });
+    }
+    return new Promise((resolve) => child.once('exit', (exitCode, signal) => resolve({ exitCode, signal })));
+}

@@ -1,0 +1,74 @@
+// Interoperability client: the TypeScript MCP SDK v1 (@modelcontextprotocol/sdk,
+// pinned in ../package.json) drives the real snowluma-mcp binary, spawned by
+// the SDK's own StdioClientTransport exactly as hosts built on it do (Node's
+// child_process, so the server's stdin and stdout are socketpairs).
+//
+// Run from the repository root after tests/interop/setup.sh:
+//   SNOWLUMA_MCP_BIN=$PWD/target/debug/snowluma-mcp INTEROP_MODE=docs node tests/interop/node/v1.mjs
+//   (read/write modes also need INTEROP_ENDPOINT=<fake URL>; write also
+//   INTEROP_STREAM_DIR=<empty absolute dir>; see common.mjs and
+//   tests/tests/interop.rs).
+//
+// The v1 client validates structuredContent against the tool's outputSchema
+// once it has listed the tools, error results included, and throws when it
+// does not match; the scenario lists tools before calling any.
+
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
+import { Checks, REQUEST_TIMEOUT_MS, childExit, errorText, installGuards, readConfig, runScenario, serverEnv, withTimeout } from './common.mjs';
+
+const checks = new Checks('ts-sdk-v1', process.env.INTEROP_MODE ?? '?');
+let transport;
+installGuards(checks, () => transport?._process?.kill('SIGKILL'));
+
+let cfg;
+try {
+    cfg = readConfig();
+} catch (err) {
+    checks.fail('environment', errorText(err));
+    checks.finish();
+}
+
+const client = new Client({ name: 'snowluma-interop-ts-sdk-v1', version: '1.0.0' }, { capabilities: {} });
+// The client's default stdio transport: no args, stderr inherited (the
+// server's log goes to this script's stderr).
+transport = new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
+// Errors the SDK reports outside any request's promise (see common.mjs).
+const clientErrors = [];
+client.onerror = (err) => {
+    clientErrors.push(err);
+    process.stderr.write(`v1 client error: ${errorText(err)}\n`);
+};
+// v1 keeps the negotiated version only in transports that take it (HTTP);
+// this hook, which the client calls after initialize, records it for the log.
+let negotiated;
+transport.setProtocolVersion = (version) => { negotiated = version; };
+const opts = (extra = {}) => ({ timeout: REQUEST_TIMEOUT_MS, ...extra });
+let exited;
+
+await runScenario(checks, cfg, {
+    connect: async () => {
+        await client.connect(transport, opts());
+        // The ChildProcess (a private field of the transport): to tell, at
+        // close, whether the server exited by itself on stdin EOF.
+        exited = childExit(transport._process);
+    },
+    serverInfo: () => client.getServerVersion(),
+    protocolVersion: () => negotiated,
+    listTools: () => client.listTools({}, opts()),
+    callTool: (name, args, extra) => client.callTool({ name, arguments: args }, CallToolResultSchema, opts(extra)),
+    listResources: () => client.listResources({}, opts()),
+    listResourceTemplates: () => client.listResourceTemplates({}, opts()),
+    readResource: (uri) => client.readResource({ uri }, opts()),
+    errors: () => clientErrors,
+    close: async () => {
+        const started = Date.now();
+        await client.close();
+        const { exitCode, signal } = await exited;
+        return { exitCode, signal, ms: Date.now() - started };
+    },
+});
+// After a failed run the server may still be up: stop it (a no-op after close).
+await withTimeout(transport.close(), 5_000, 'transport close').catch(() => {});
+checks.finish();

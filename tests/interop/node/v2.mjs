@@ -1,0 +1,81 @@
+// Interoperability client: the TypeScript MCP SDK v2 (@modelcontextprotocol/client,
+// pinned in ../package.json) drives the real snowluma-mcp binary, spawned by
+// the SDK's own StdioClientTransport (@modelcontextprotocol/client/stdio)
+// exactly as hosts built on it do (Node's child_process: socketpairs).
+//
+// Protocol era: pinned to the modern era, revision 2026-07-28, with the
+// client option `versionNegotiation: { mode: { pin: '2026-07-28' } }`
+// (ClientOptions.versionNegotiation in the package's client .d.mts: the
+// default mode is 'legacy', i.e. a plain 2025 `initialize`; a pin makes
+// connect() open with `server/discover` and requires the server to offer
+// exactly that revision, with no fallback). The initialize check also
+// asserts client.getNegotiatedProtocolVersion() === '2026-07-28'.
+//
+// Run from the repository root after tests/interop/setup.sh:
+//   SNOWLUMA_MCP_BIN=$PWD/target/debug/snowluma-mcp INTEROP_MODE=docs node tests/interop/node/v2.mjs
+//   (read/write modes also need INTEROP_ENDPOINT=<fake URL>; write also
+//   INTEROP_STREAM_DIR=<empty absolute dir>; see common.mjs and
+//   tests/tests/interop.rs).
+
+import { Client } from '@modelcontextprotocol/client';
+import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
+import { Checks, REQUEST_TIMEOUT_MS, childExit, errorText, installGuards, readConfig, runScenario, serverEnv, withTimeout } from './common.mjs';
+
+const PROTOCOL = '2026-07-28';
+
+const checks = new Checks('ts-sdk-v2', process.env.INTEROP_MODE ?? '?');
+let transport;
+installGuards(checks, () => transport?._process?.kill('SIGKILL'));
+
+let cfg;
+try {
+    cfg = readConfig();
+} catch (err) {
+    checks.fail('environment', errorText(err));
+    checks.finish();
+}
+
+const client = new Client(
+    { name: 'snowluma-interop-ts-sdk-v2', version: '1.0.0' },
+    {
+        capabilities: {},
+        versionNegotiation: { mode: { pin: PROTOCOL }, probe: { timeoutMs: REQUEST_TIMEOUT_MS } },
+    },
+);
+// Errors the SDK reports outside any request's promise (see common.mjs).
+const clientErrors = [];
+client.onerror = (err) => {
+    clientErrors.push(err);
+    process.stderr.write(`v2 client error: ${errorText(err)}\n`);
+};
+// The client's default stdio transport: no args, stderr inherited (the
+// server's log goes to this script's stderr).
+transport = new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
+const opts = (extra = {}) => ({ timeout: REQUEST_TIMEOUT_MS, ...extra });
+let exited;
+
+await runScenario(checks, cfg, {
+    connect: async () => {
+        await client.connect(transport, opts());
+        // The ChildProcess (a private field of the transport): to tell, at
+        // close, whether the server exited by itself on stdin EOF.
+        exited = childExit(transport._process);
+    },
+    serverInfo: () => client.getServerVersion(),
+    protocolVersion: () => client.getNegotiatedProtocolVersion(),
+    listTools: () => client.listTools(undefined, opts()),
+    callTool: (name, args, extra) => client.callTool({ name, arguments: args }, opts(extra)),
+    listResources: () => client.listResources(undefined, opts()),
+    listResourceTemplates: () => client.listResourceTemplates(undefined, opts()),
+    readResource: (uri) => client.readResource({ uri }, opts()),
+    errors: () => clientErrors,
+    close: async () => {
+        const started = Date.now();
+        await client.close();
+        const { exitCode, signal } = await exited;
+        return { exitCode, signal, ms: Date.now() - started };
+    },
+}, { expectProtocol: PROTOCOL });
+// After a failed run the server may still be up: stop it (a no-op after close).
+await withTimeout(transport.close(), 5_000, 'transport close').catch(() => {});
+checks.finish();
