@@ -28,6 +28,29 @@ pub const CATALOG_URI: &str = "snowluma://onebot/actions";
 /// URI template of one action's resource.
 pub const ACTION_URI_TEMPLATE: &str = "snowluma://onebot/actions/{name}";
 
+/// A client-supplied string as it may be echoed in an error message: at
+/// most [`ECHO_CHARS`] characters, quoted, with the original length when
+/// cut. Echoing a whole hostile name (whose escapes can be several times
+/// longer than the input) could make a reply too large to deliver.
+pub fn echo(s: &str) -> String {
+    let mut chars = s.chars();
+    let head: String = chars.by_ref().take(ECHO_CHARS).collect();
+    if chars.next().is_none() { format!("{head:?}") } else { format!("{head:?}… ({} characters)", s.chars().count()) }
+}
+
+/// See [`echo`].
+pub const ECHO_CHARS: usize = 64;
+
+/// At most `max` characters of an error message built from client input
+/// (serde's messages quote the offending value).
+pub fn clip(message: String, max: usize) -> String {
+    if message.chars().count() <= max {
+        return message;
+    }
+    let head: String = message.chars().take(max).collect();
+    format!("{head}… (message cut)")
+}
+
 #[derive(Debug)]
 pub struct Action {
     pub name: String,
@@ -167,6 +190,17 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn echo_and_clip_are_bounded() {
+        assert_eq!(echo("get_status"), "\"get_status\"");
+        let long = "\u{85}".repeat(100_000);
+        let e = echo(&long);
+        assert!(e.len() < ECHO_CHARS * 8 + 40, "{}", e.len());
+        assert!(e.ends_with("(100000 characters)"));
+        assert_eq!(clip("short".into(), 10), "short");
+        assert!(clip("x".repeat(10_000), 100).len() < 130);
+    }
 
     #[test]
     fn bundled_catalog_parses() {

@@ -13,11 +13,12 @@ use crate::{ACTION_URI_TEMPLATE, CATALOG_URI, Catalog, search};
 pub enum DocError {
     #[error("invalid arguments for {tool}: {message}")]
     InvalidArguments { tool: &'static str, message: String },
-    #[error("unknown action {0:?}: use search_actions or list_actions to find the right name")]
+    /// The name as [`crate::echo`] shows it.
+    #[error("unknown action {0}: use search_actions or list_actions to find the right name")]
     UnknownAction(String),
-    #[error("unknown category {given:?}; categories are: {known}")]
+    #[error("unknown category {given}; categories are: {known}")]
     UnknownCategory { given: String, known: String },
-    #[error("unknown tool {0:?}")]
+    #[error("unknown tool {0}")]
     UnknownTool(String),
     #[error("resource not found: {0}")]
     ResourceNotFound(String),
@@ -69,7 +70,8 @@ fn parse<T: for<'de> Deserialize<'de>>(tool: &'static str, args: &Value) -> Resu
     if !args.is_object() {
         return Err(DocError::InvalidArguments { tool, message: "arguments must be a JSON object".into() });
     }
-    serde_json::from_value(args).map_err(|e| DocError::InvalidArguments { tool, message: e.to_string() })
+    serde_json::from_value(args)
+        .map_err(|e| DocError::InvalidArguments { tool, message: crate::clip(e.to_string(), 512) })
 }
 
 /// Answer one documentation tool. Actions in `denied` (the operator's
@@ -117,13 +119,16 @@ pub fn call(catalog: &Catalog, tool: &str, args: &Value, denied: &BTreeSet<Strin
         }
         "get_action" => {
             let g: GetArgs = parse("get_action", args)?;
-            catalog.get(&g.name).map(|a| flag(&a.name, a.doc.clone())).ok_or(DocError::UnknownAction(g.name))
+            catalog
+                .get(&g.name)
+                .map(|a| flag(&a.name, a.doc.clone()))
+                .ok_or_else(|| DocError::UnknownAction(crate::echo(&g.name)))
         }
         "list_categories" => {
             let _: NoArgs = parse("list_categories", args)?;
             Ok(Value::Array(catalog.categories.iter().map(|(c, n)| json!({"category": c, "count": n})).collect()))
         }
-        other => Err(DocError::UnknownTool(other.to_owned())),
+        other => Err(DocError::UnknownTool(crate::echo(other))),
     }
 }
 
@@ -137,7 +142,7 @@ fn filtered<'c>(
         && !catalog.categories.iter().any(|(k, _)| k == c)
     {
         let known = catalog.categories.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ");
-        return Err(DocError::UnknownCategory { given: c.to_owned(), known });
+        return Err(DocError::UnknownCategory { given: crate::echo(c), known });
     }
     Ok(catalog
         .actions
@@ -177,7 +182,7 @@ pub fn read_resource(catalog: &Catalog, uri: &str) -> Result<String, DocError> {
     if let Some(name) = uri.strip_prefix(prefix)
         && let Some(a) = catalog.get(name)
     {
-        return serde_json::to_string_pretty(&a.doc).map_err(|_| DocError::ResourceNotFound(uri.to_owned()));
+        return serde_json::to_string_pretty(&a.doc).map_err(|_| DocError::ResourceNotFound(crate::echo(uri)));
     }
-    Err(DocError::ResourceNotFound(uri.to_owned()))
+    Err(DocError::ResourceNotFound(crate::echo(uri)))
 }

@@ -68,8 +68,19 @@ impl Role {
 pub struct JsonText(pub String);
 
 impl JsonText {
+    /// Compact JSON text of `v`, never longer than the text it was parsed
+    /// from: floats are written in the shorter of plain and exponent form
+    /// (`1e15`, not serde_json's `1000000000000000.0`), so a client's input
+    /// cannot grow past the frame limit on its way to a worker.
     pub fn from_value(v: &serde_json::Value) -> JsonText {
-        JsonText(v.to_string())
+        let mut out = Vec::new();
+        let mut ser = serde_json::Serializer::with_formatter(&mut out, ShortFloats);
+        // Serializing a Value into a Vec cannot fail (no I/O, string keys).
+        if serde::Serialize::serialize(v, &mut ser).is_err() {
+            return JsonText(v.to_string());
+        }
+        // serde_json writes valid UTF-8.
+        JsonText(String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
     pub fn parse(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::from_str(&self.0)
@@ -77,6 +88,51 @@ impl JsonText {
     pub fn null() -> JsonText {
         JsonText("null".to_owned())
     }
+}
+
+/// serde_json's compact formatter, except that a float is written in the
+/// shorter of ryu's plain form and its exponent form.
+struct ShortFloats;
+
+impl serde_json::ser::Formatter for ShortFloats {
+    fn write_f64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, value: f64) -> std::io::Result<()> {
+        let mut buf = ryu_like(value);
+        if let Some(short) = exponent_form(&buf)
+            && short.len() < buf.len()
+        {
+            buf = short;
+        }
+        w.write_all(buf.as_bytes())
+    }
+}
+
+/// What serde_json writes for a finite f64 (non-finite values never occur
+/// in a parsed `Value`).
+fn ryu_like(value: f64) -> String {
+    serde_json::Number::from_f64(value).map(|n| n.to_string()).unwrap_or_else(|| "null".to_owned())
+}
+
+/// `1000000000000000.0` → `1e15`, `0.00001` → `1e-5`, `123.5` → `1.235e2`:
+/// the same value (the digits are unchanged), as an exponent.
+fn exponent_form(plain: &str) -> Option<String> {
+    if plain.contains(['e', 'E']) {
+        return None;
+    }
+    let (sign, body) = match plain.strip_prefix('-') {
+        Some(b) => ("-", b),
+        None => ("", plain),
+    };
+    let (int, frac) = body.split_once('.').unwrap_or((body, ""));
+    let digits: String = format!("{int}{frac}");
+    let lead = digits.find(|c| c != '0')?;
+    let significant = digits[lead..].trim_end_matches('0');
+    // Position of the decimal point relative to the first significant digit.
+    let exp = int.len() as i64 - lead as i64 - 1;
+    let mantissa = match significant.len() {
+        1 => significant.to_owned(),
+        _ => format!("{}.{}", &significant[..1], &significant[1..]),
+    };
+    Some(format!("{sign}{mantissa}e{exp}"))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -243,6 +299,10 @@ pub enum WorkerError {
     Unsupported,
     #[error("{0}")]
     Internal(String),
+    /// The worker's reply does not fit in one frame; the request's work may
+    /// have been done (an executed write's outcome is then unknown).
+    #[error("the worker's reply ({bytes} bytes) exceeds the {limit}-byte IPC limit")]
+    ReplyTooLarge { bytes: usize, limit: usize },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -250,4 +310,51 @@ pub struct Progress {
     pub progress: f64,
     pub total: Option<f64>,
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod json_text_tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// Floats round-trip exactly and never come out longer than the usual
+    /// way of writing them; everything else is serde_json's compact form.
+    #[test]
+    fn short_floats_round_trip() {
+        for text in [
+            "1e15",
+            "1E+15",
+            "-1e15",
+            "1e16",
+            "1e300",
+            "5e-324",
+            "0.1",
+            "123.5",
+            "1.5",
+            "-0.00001",
+            "1e21",
+            "0.0",
+            "1.7976931348623157e308",
+            "100.25",
+            "12345678.9",
+        ] {
+            let v: Value = serde_json::from_str(text).unwrap();
+            let out = JsonText::from_value(&v).0;
+            let back: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(back.as_f64(), v.as_f64(), "{text} -> {out}");
+            assert!(out.len() <= serde_json::to_string(&v).unwrap().len(), "{text} -> {out}");
+        }
+        assert_eq!(JsonText::from_value(&json!(1e15)).0, "1e15");
+        assert_eq!(JsonText::from_value(&json!(1.5)).0, "1.5");
+        let v = json!({"a": [1, -2, 18446744073709551615u64, "x\u{85}", null, true, 0.5]});
+        assert_eq!(JsonText::from_value(&v).0, serde_json::to_string(&v).unwrap());
+    }
+
+    /// 1.5 million copies of `1e15` stay about as long as the client sent them.
+    #[test]
+    fn a_float_array_does_not_grow() {
+        let input = format!("[{}]", vec!["1e15"; 1000].join(","));
+        let v: Value = serde_json::from_str(&input).unwrap();
+        assert_eq!(JsonText::from_value(&v).0, input);
+    }
 }

@@ -72,8 +72,38 @@ fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
     ctx.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
 }
 
+/// The tool reply of a worker call that answers with a tool result: the
+/// worker's own reply, or an error reply for what went wrong on the way.
+pub(crate) fn tool_reply(worker: &str, r: Result<Reply, CallError>, write: bool) -> ToolReply {
+    match r {
+        Ok(Reply::Tool(t)) => t,
+        Ok(Reply::Error(WorkerError::ReplyTooLarge { bytes, limit })) => {
+            let message = format!(
+                "the result ({bytes} bytes) is larger than the {limit}-byte limit between this server's processes, so it cannot be passed on"
+            );
+            let d = if write {
+                Diagnostics::unknown(FailureKind::InvalidResponse, message)
+                    .with_next_step("The action may have run: check its effect before trying again.")
+            } else {
+                Diagnostics::failed(FailureKind::InvalidResponse, message)
+                    .with_next_step("Ask for less data (a smaller page or a narrower query).")
+            };
+            ToolReply::error(d)
+        }
+        Ok(other) => {
+            ToolReply::fail(FailureKind::Execution, format!("{worker} answered unexpectedly: {}", reply_kind(&other)))
+        }
+        Err(e) => call_error_reply(e, write),
+    }
+}
+
 pub(crate) fn call_error_reply(e: CallError, write: bool) -> ToolReply {
     match e {
+        // Refused before it was sent: nothing ran.
+        CallError::TooLarge { .. } => ToolReply::error(
+            Diagnostics::failed(FailureKind::InvalidArguments, e.to_string())
+                .with_next_step("Send smaller arguments (split the work into several calls)."),
+        ),
         CallError::Cancelled => ToolReply::error(Diagnostics {
             outcome: if write { snowluma_proto::Outcome::Unknown } else { snowluma_proto::Outcome::Failed },
             kind: Some(FailureKind::Cancelled),
@@ -167,14 +197,7 @@ impl SnowlumaServer {
 
     async fn doc_call(&self, tool: &str, args: Value, cancel: &CancellationToken) -> ToolReply {
         let req = Request::CatalogTool { tool: tool.to_owned(), args: JsonText::from_value(&args) };
-        match self.workers.catalog.call(req, cancel, None).await {
-            Ok(Reply::Tool(t)) => t,
-            Ok(other) => ToolReply::fail(
-                FailureKind::Execution,
-                format!("catalog worker answered unexpectedly: {}", reply_kind(&other)),
-            ),
-            Err(e) => call_error_reply(e, false),
-        }
+        tool_reply("the catalog worker", self.workers.catalog.call(req, cancel, None).await, false)
     }
 
     async fn exec_call(
@@ -212,10 +235,11 @@ impl SnowlumaServer {
         // Gate 2: the action must be in the bundled catalog.
         let Some(action) = crate::policy::resolve(self.catalog, &args.action) else {
             return ToolReply::error(
-                Diagnostics::failed(FailureKind::UnknownAction, format!("unknown action {:?}", args.action))
-                    .with_next_step(
-                        "Find the action with search_actions or list_actions, then read it with get_action.",
-                    ),
+                Diagnostics::failed(
+                    FailureKind::UnknownAction,
+                    format!("unknown action {}", snowluma_catalog::echo(&args.action)),
+                )
+                .with_next_step("Find the action with search_actions or list_actions, then read it with get_action."),
             );
         };
         // Gate 3: query_action runs read-only actions only.
@@ -311,14 +335,11 @@ impl SnowlumaServer {
         let progress_tx = forwarder.as_ref().and_then(|f| f.sender());
         let mut reply = match transfer {
             Some(t) => crate::transfers::run(self, network, t, exec, cancel, progress_tx).await,
-            None => match network.call(Request::Execute(exec), cancel, progress_tx).await {
-                Ok(Reply::Tool(t)) => t,
-                Ok(other) => ToolReply::fail(
-                    FailureKind::Execution,
-                    format!("network executor answered unexpectedly: {}", reply_kind(&other)),
-                ),
-                Err(e) => call_error_reply(e, !action.read_only),
-            },
+            None => tool_reply(
+                "the network executor",
+                network.call(Request::Execute(exec), cancel, progress_tx).await,
+                !action.read_only,
+            ),
         };
         if let Some(f) = forwarder {
             let success = !reply.is_error && !cancel.is_cancelled();
@@ -423,7 +444,7 @@ impl ServerHandler for SnowlumaServer {
         let trace = CallTrace::from_meta(&ctx.meta);
         let Some(spec) = tools::find(&request.name) else {
             return Err(McpError::invalid_params(
-                format!("unknown tool {:?}", request.name),
+                format!("unknown tool {}", snowluma_catalog::echo(&request.name)),
                 Some(
                     json!({"tools": tools::listed(self.config.mode).iter().map(|t| t.name.clone()).collect::<Vec<_>>()}),
                 ),
@@ -509,7 +530,8 @@ impl ServerHandler for SnowlumaServer {
                 Ok(out.into())
             }
             Ok(Reply::Error(WorkerError::ResourceNotFound(_))) => {
-                Err(McpError::resource_not_found(format!("resource not found: {uri}"), Some(json!({"uri": uri}))))
+                let shown = snowluma_catalog::echo(&uri);
+                Err(McpError::resource_not_found(format!("resource not found: {shown}"), Some(json!({"uri": shown}))))
             }
             Ok(_) => Err(McpError::internal_error("catalog worker answered unexpectedly", None)),
             Err(e) => Err(McpError::internal_error(e.to_string(), None)),

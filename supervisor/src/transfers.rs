@@ -18,7 +18,7 @@ use snowluma_proto::{
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::{SnowlumaServer, call_error_reply};
+use crate::server::{SnowlumaServer, call_error_reply, tool_reply};
 use crate::workers::WorkerSlot;
 
 /// Upload chunk size: 512 KiB of file bytes (about 683 KiB of base64 per request).
@@ -202,11 +202,7 @@ pub async fn run(
                 filename: filename.unwrap_or(name),
                 chunk_bytes: UPLOAD_CHUNK_BYTES,
             });
-            match network.call(Request::Execute(exec), cancel, progress).await {
-                Ok(Reply::Tool(t)) => t,
-                Ok(_) => ToolReply::fail(FailureKind::Execution, "the network executor answered unexpectedly"),
-                Err(e) => call_error_reply(e, true),
-            }
+            tool_reply("the network executor", network.call(Request::Execute(exec), cancel, progress).await, true)
         }
         Plan::Download => {
             let max = server.config().max_stream_bytes;
@@ -255,11 +251,8 @@ pub async fn run(
                 }
             };
             exec.transfer = Some(Transfer::Download { fd_tag: ntag, limit_bytes: limit });
-            let reply = match network.call(Request::Execute(exec), cancel, progress).await {
-                Ok(Reply::Tool(t)) => t,
-                Ok(_) => ToolReply::fail(FailureKind::Execution, "the network executor answered unexpectedly"),
-                Err(e) => call_error_reply(e, false),
-            };
+            let reply =
+                tool_reply("the network executor", network.call(Request::Execute(exec), cancel, progress).await, false);
             if reply.is_error {
                 abort(token).await;
                 return reply;

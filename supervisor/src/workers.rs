@@ -31,6 +31,8 @@ pub enum CallError {
     Unavailable(&'static str),
     #[error("the call was cancelled")]
     Cancelled,
+    #[error("the request ({bytes} bytes) exceeds the {limit}-byte limit between this server's processes")]
+    TooLarge { bytes: usize, limit: usize },
 }
 
 /// How long a call waits for a restarting worker before giving up.
@@ -298,9 +300,32 @@ async fn run_once(
     let conn = Arc::new(Conn { tx, pending: Mutex::new(HashMap::new()), fd_out, fd_in });
     live.send_replace(Some(conn.clone()));
 
+    // A message that cannot be framed fails its own call; a socket that
+    // cannot be written is a broken connection: the worker is restarted.
+    let (broken_tx, broken_rx) = oneshot::channel::<std::io::Error>();
+    let writer_conn = conn.clone();
     let writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
-            if write_frame(&mut wr, &msg).await.is_err() {
+            let frame = match snowluma_proto::frame::encode(&msg) {
+                Ok(f) => f,
+                Err(e) => {
+                    if let ToWorker::Request { id, .. } = msg {
+                        let err = match e {
+                            FrameError::TooLarge(bytes) => {
+                                CallError::TooLarge { bytes, limit: snowluma_proto::MAX_FRAME_BYTES }
+                            }
+                            _ => CallError::Unavailable(name),
+                        };
+                        tracing::warn!(worker = name, error = %err, "a request could not be sent; it fails on its own");
+                        if let Some(p) = writer_conn.pending.lock().ok().and_then(|mut p| p.remove(&id)) {
+                            let _ = p.reply.send(Err(err));
+                        }
+                    }
+                    continue;
+                }
+            };
+            if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut wr, &frame).await {
+                let _ = broken_tx.send(e);
                 break;
             }
         }
@@ -337,6 +362,11 @@ async fn run_once(
     let status = tokio::select! {
         _ = reader => {
             // The socket is gone: the worker died or broke protocol.
+            spawner.kill(child_pid);
+            (&mut child.exit).await.ok()
+        }
+        Ok(e) = broken_rx => {
+            tracing::warn!(worker = name, error = %e, "the IPC connection broke; restarting the worker");
             spawner.kill(child_pid);
             (&mut child.exit).await.ok()
         }

@@ -69,7 +69,7 @@ impl RoleHandler for CatalogWorker {
             }
             Request::CatalogResource { uri } => match tools::read_resource(self.catalog, &uri) {
                 Ok(text) => Reply::Resource(ResourceReply { uri, mime_type: "application/json".into(), text }),
-                Err(_) => Reply::Error(WorkerError::ResourceNotFound(uri)),
+                Err(_) => Reply::Error(WorkerError::ResourceNotFound(snowluma_catalog::echo(&uri))),
             },
             Request::Execute(_) | Request::Files(_) => Reply::Error(WorkerError::Unsupported),
         }

@@ -22,8 +22,19 @@ use tokio::sync::Semaphore;
 
 use crate::serve::{Ctx, RoleHandler};
 
-/// Largest ordinary response body accepted.
-pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// Largest ordinary response body accepted. The body travels unchanged as
+/// the reply's result, so it must fit in one IPC frame with the rest of the
+/// reply (diagnostics, whose echoed wording is capped at
+/// [`MAX_WORDING_CHARS`]): a larger body is refused here with a clear error
+/// instead of producing a reply that cannot be sent.
+pub const MAX_BODY_BYTES: usize = snowluma_proto::MAX_FRAME_BYTES - 1024 * 1024;
+/// SnowLuma's wording is copied into `diagnostics.message` up to this many
+/// characters (the whole envelope, wording included, stays in the result).
+pub const MAX_WORDING_CHARS: usize = 1024;
+/// Deepest nesting of a response accepted: what the supervisor's JSON parser
+/// (serde_json's default limit) can represent. Deeper is an invalid response,
+/// never a success with a null result.
+pub const MAX_RESPONSE_DEPTH: usize = 128;
 /// Largest single stream frame.
 pub const MAX_FRAME_BYTES: usize = 24 * 1024 * 1024;
 /// Generic streams: frames and summed frame text kept in the result.
@@ -222,6 +233,33 @@ fn strip_url(e: &reqwest::Error) -> String {
     s
 }
 
+/// The deepest nesting of arrays and objects in JSON text (valid JSON:
+/// brackets inside strings are skipped). One pass, no allocation.
+fn nesting_depth(json: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// SnowLuma's human-readable reason in an envelope or frame, if any.
 fn wording(env: &Value) -> Option<String> {
     first_wording(["wording", "message", "msg"].map(|k| env.get(k).and_then(Value::as_str)))
@@ -289,6 +327,12 @@ fn classify_fields(status: Option<&str>, retcode: Option<i64>, wording: Option<S
         (Some("failed"), _) | (_, Some(_)) if retcode != Some(0) || status == Some("failed") => {
             let rc = retcode.map(|r| r.to_string()).unwrap_or_else(|| "none".into());
             let msg = match &wording {
+                Some(w) if w.chars().count() > MAX_WORDING_CHARS => {
+                    let head: String = w.chars().take(MAX_WORDING_CHARS).collect();
+                    format!(
+                        "SnowLuma reported a failure (retcode {rc}): {head}… (wording cut; the whole envelope is the result)"
+                    )
+                }
                 Some(w) => format!("SnowLuma reported a failure (retcode {rc}): {w}"),
                 None => format!("SnowLuma reported a failure (retcode {rc})"),
             };
@@ -448,6 +492,14 @@ async fn execute(
         };
         return transport_failure(FailureKind::InvalidResponse, msg, req.write, true);
     };
+    if nesting_depth(&body) > MAX_RESPONSE_DEPTH {
+        return transport_failure(
+            FailureKind::InvalidResponse,
+            format!("SnowLuma's response nests deeper than {MAX_RESPONSE_DEPTH} levels, which cannot be represented"),
+            req.write,
+            true,
+        );
+    }
     // Valid JSON is valid UTF-8, so this never copies.
     let text = String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
     ToolReply { result: Some(JsonText(text)), diagnostics: diag, is_error: false }
@@ -684,6 +736,22 @@ async fn generic_stream(net: &Net, req: &ExecRequest, params: Value, ctx: &Ctx) 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn nesting_depth_skips_strings() {
+        assert_eq!(nesting_depth(br#"{"a":[1,{"b":"[[[{{"}]}"#), 3);
+        assert_eq!(nesting_depth(br#"{"a":"\"[[["}"#), 1);
+        assert_eq!(nesting_depth(b"1"), 0);
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(nesting_depth(deep.as_bytes()), 100_000);
+    }
+
+    #[test]
+    fn long_wording_is_cut_in_the_message() {
+        let w = "x".repeat(9 * 1024 * 1024);
+        let d = classify_fields(Some("failed"), Some(100), Some(w));
+        assert!(d.message.unwrap().len() < MAX_WORDING_CHARS + 200);
+    }
+
     use super::*;
 
     #[test]

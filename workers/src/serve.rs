@@ -49,6 +49,31 @@ pub trait RoleHandler: Send + Sync + 'static {
     fn handle(&self, request: Request, ctx: Ctx) -> impl Future<Output = Reply> + Send;
 }
 
+/// Encode one outgoing message. A reply too large for a frame is replaced by
+/// an error reply for the same request (the connection keeps working); an
+/// oversized progress report is dropped.
+fn frame_or_substitute(msg: FromWorker) -> Option<Vec<u8>> {
+    match snowluma_proto::frame::encode(&msg) {
+        Ok(frame) => Some(frame),
+        Err(FrameError::TooLarge(bytes)) => {
+            let FromWorker::Reply { id, .. } = msg else {
+                tracing::warn!(bytes, "an oversized IPC message was dropped");
+                return None;
+            };
+            tracing::warn!(bytes, "a reply exceeds the IPC frame limit; answering with an error instead");
+            let reply = Reply::Error(snowluma_proto::WorkerError::ReplyTooLarge {
+                bytes,
+                limit: snowluma_proto::MAX_FRAME_BYTES,
+            });
+            snowluma_proto::frame::encode(&FromWorker::Reply { id, reply }).ok()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "an IPC message could not be encoded and was dropped");
+            None
+        }
+    }
+}
+
 /// Whether an IPC error only means that the supervisor has gone away (the
 /// ordinary end of every session): no error to report.
 fn supervisor_gone(e: &FrameError) -> bool {
@@ -96,7 +121,11 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<FromWorker>();
     let writer = tokio::spawn(async move {
         while let Some(msg) = out_rx.recv().await {
-            if write_frame(&mut wr, &msg).await.is_err() {
+            let Some(frame) = frame_or_substitute(msg) else { continue };
+            if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut wr, &frame).await {
+                // The socket itself is broken: the supervisor sees it close,
+                // restarts this worker and logs it.
+                tracing::debug!(error = %e, "IPC write failed; closing the connection");
                 break;
             }
         }
@@ -153,4 +182,29 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
     drop(out_tx);
     writer.abort();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An oversized reply becomes an error reply for the same request, which
+    /// fits; small messages pass unchanged.
+    #[tokio::test]
+    async fn oversized_reply_is_replaced() {
+        let big = snowluma_proto::ToolReply::ok(&serde_json::json!("x".repeat(snowluma_proto::MAX_FRAME_BYTES + 10)));
+        let frame = frame_or_substitute(FromWorker::Reply { id: 9, reply: Reply::Tool(big) }).unwrap();
+        let back: FromWorker = read_frame(&mut &frame[..]).await.unwrap();
+        match back {
+            FromWorker::Reply {
+                id: 9,
+                reply: Reply::Error(snowluma_proto::WorkerError::ReplyTooLarge { bytes, .. }),
+            } => {
+                assert!(bytes > snowluma_proto::MAX_FRAME_BYTES)
+            }
+            other => panic!("{other:?}"),
+        }
+        let small = FromWorker::Progress { id: 1, progress: Progress { progress: 1.0, total: None, message: None } };
+        assert!(frame_or_substitute(small).is_some());
+    }
 }

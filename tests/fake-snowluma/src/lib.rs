@@ -74,6 +74,9 @@ pub enum Fault {
     OversizeBody(usize),
     /// HTTP 200 with the body `[1,2]`.
     NonObject,
+    /// HTTP 200 with exactly these bytes as the body (for bodies a `Value`
+    /// cannot build, e.g. nesting deeper than serde_json's limit).
+    RawBody(Vec<u8>),
     /// Answer normally, announcing keep-alive, then close the connection
     /// anyway (a server whose idle keep-alive timer fired); the close is
     /// listed in [`FakeSnowLuma::closed_by_server`].

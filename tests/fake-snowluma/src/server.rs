@@ -152,6 +152,7 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
             return write_json(conn, 200, &envelope, keep_alive).await;
         }
         Some(Fault::NonObject) => return write_bytes(conn, 200, b"[1,2]", keep_alive, None).await,
+        Some(Fault::RawBody(bytes)) => return write_bytes(conn, 200, &bytes, keep_alive, None).await,
         Some(Fault::CloseAfterResponse) => {
             let action = call.action.clone();
             let reply = actions::dispatch(&mut shared.lock(), call);
