@@ -14,7 +14,7 @@
 //! Nothing but protocol messages is ever written to stdout.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -31,6 +31,13 @@ use crate::stdio::Output;
 pub const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
 /// Bytes of an over-long line kept to recover its id.
 const ID_SCAN_BYTES: usize = 64 * 1024;
+
+/// Most requests in flight at once per session; the next is read only once
+/// one is answered.
+pub const MAX_IN_FLIGHT: usize = 256;
+/// Most bytes of requests in flight at once per session (the request text;
+/// the parsed form takes a few times that).
+pub const MAX_IN_FLIGHT_BYTES: usize = 64 * 1024 * 1024;
 
 /// Longest wait for the client to read a progress notification before the
 /// reply that follows it is written.
@@ -64,8 +71,26 @@ struct State {
     modern: HashSet<String>,
     /// Ids (as JSON text) of every request handed to rmcp and not yet
     /// answered (or cancelled by the client): at stdin's end the session
-    /// waits for these, so that no accepted call loses its reply.
-    accepted: HashSet<String>,
+    /// waits for these, so that no accepted call loses its reply. The value
+    /// is the request's size in bytes.
+    accepted: HashMap<String, usize>,
+    /// Sum of the sizes in `accepted`.
+    accepted_bytes: usize,
+}
+
+impl State {
+    fn unaccept(&mut self, key: &str) {
+        if let Some(n) = self.accepted.remove(key) {
+            self.accepted_bytes -= n;
+        }
+    }
+
+    /// Whether the calls in flight already use the session's budget: then
+    /// no further message is read until some are answered (the client's
+    /// writes wait), which bounds the memory pipelined calls can take.
+    fn over_budget(&self) -> bool {
+        self.accepted.len() >= MAX_IN_FLIGHT || self.accepted_bytes >= MAX_IN_FLIGHT_BYTES
+    }
 }
 
 /// The sending side, shared by rmcp's sends and our own error replies.
@@ -232,6 +257,32 @@ impl LineTransport {
                     Some(prefix) => Line::TooLong(prefix),
                     None => Line::Full(line),
                 });
+            }
+        }
+    }
+
+    /// Wait until the calls in flight are within the session's budget
+    /// ([`MAX_IN_FLIGHT`], [`MAX_IN_FLIGHT_BYTES`]). Cancel-safe.
+    async fn wait_for_budget(&self) {
+        let mut logged = false;
+        loop {
+            let answered = self.out.answered.notified();
+            let mut answered = std::pin::pin!(answered);
+            answered.as_mut().enable();
+            if !self.state.lock().map(|s| s.over_budget()).unwrap_or(false) || self.out.gone.load(Ordering::Acquire) {
+                return;
+            }
+            if !logged {
+                tracing::debug!("calls in flight at the session's limit; reading stdin again once one is answered");
+                logged = true;
+            }
+            tokio::select! {
+                () = answered => {}
+                () = self.out.gone_notify.notified() => {
+                    // Leave the permit for `receive`, which ends the session.
+                    self.out.gone_notify.notify_one();
+                    return;
+                }
             }
         }
     }
@@ -481,7 +532,7 @@ impl Transport<RoleServer> for LineTransport {
                 Some(key) => state
                     .lock()
                     .map(|mut s| {
-                        s.accepted.remove(&key);
+                        s.unaccept(&key);
                         s.modern.remove(&key)
                     })
                     .unwrap_or(false),
@@ -530,6 +581,7 @@ impl Transport<RoleServer> for LineTransport {
             if self.out.gone.load(Ordering::Acquire) {
                 return None;
             }
+            self.wait_for_budget().await;
             let out = self.out.clone();
             // `read_line` is cancel-safe, so losing this race loses no input.
             let read = tokio::select! {
@@ -637,7 +689,12 @@ impl Transport<RoleServer> for LineTransport {
                 }
                 if is_request {
                     if let Some(id) = &peek.id {
-                        st.accepted.insert(id.to_string());
+                        let key = id.to_string();
+                        st.accepted_bytes += trimmed.len();
+                        if let Some(old) = st.accepted.insert(key, trimmed.len()) {
+                            // A duplicate id: the older entry is replaced.
+                            st.accepted_bytes -= old;
+                        }
                         if version.is_some_and(|v| v >= MODERN_FROM) {
                             st.modern.insert(id.to_string());
                         }
@@ -647,7 +704,7 @@ impl Transport<RoleServer> for LineTransport {
                 {
                     // A cancelled request gets no reply: nothing to wait for.
                     st.modern.remove(&rid.to_string());
-                    st.accepted.remove(&rid.to_string());
+                    st.unaccept(&rid.to_string());
                     self.out.answered.notify_one();
                 }
             }

@@ -48,7 +48,15 @@ impl RoleHandler for CatalogWorker {
         }
     }
 
-    async fn handle(&self, request: Request, _ctx: Ctx) -> Reply {
+    async fn handle(&self, request: Request, ctx: Ctx) -> Reply {
+        // Each request's work is bounded (a keyword query has at most
+        // search::MAX_TERMS terms; a substring query is one pass), so a
+        // request is checked for cancellation once, before it starts, and
+        // yields first so that requests already queued are served in turn.
+        tokio::task::yield_now().await;
+        if ctx.cancel.is_cancelled() {
+            return Reply::Tool(ToolReply::fail(FailureKind::Cancelled, "cancelled"));
+        }
         match request {
             Request::CatalogTool { tool, args } => {
                 let args = match args.parse() {

@@ -42,6 +42,10 @@ pub const MAX_GENERIC_FRAMES: usize = 256;
 pub const MAX_GENERIC_TEXT: usize = 256 * 1024;
 /// Stream actions active at once.
 pub const MAX_ACTIVE_STREAMS: usize = 4;
+/// Ordinary calls with a connection to SnowLuma at once; further calls wait
+/// (cancellably) for one to finish. Bounds the executor's sockets well below
+/// the descriptor limit however many calls the client pipelines.
+pub const MAX_ACTIVE_CALLS: usize = 64;
 
 pub(crate) struct Net {
     pub(crate) client: reqwest::Client,
@@ -51,6 +55,7 @@ pub(crate) struct Net {
     token: Option<String>,
     pub(crate) timeout: Duration,
     streams: Arc<Semaphore>,
+    calls: Semaphore,
 }
 
 #[derive(Default)]
@@ -113,6 +118,7 @@ fn build(cfg: NetworkConfig) -> Result<Net, String> {
         token: cfg.token,
         timeout: Duration::from_millis(cfg.timeout_ms),
         streams: Arc::new(Semaphore::new(MAX_ACTIVE_STREAMS)),
+        calls: Semaphore::new(MAX_ACTIVE_CALLS),
     })
 }
 
@@ -446,6 +452,14 @@ async fn execute(
     if !is_json_object(&req.params.0) {
         return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object");
     }
+    // Nothing has been sent while waiting for a turn: a cancel here is clean.
+    let _turn = tokio::select! {
+        p = net.calls.acquire() => match p {
+            Ok(p) => p,
+            Err(_) => return ToolReply::fail(FailureKind::Execution, "the executor is shutting down"),
+        },
+        _ = ctx.cancel.cancelled() => return cancelled(false),
+    };
     let exchange = async {
         if let Some(direct) = &net.direct {
             let body = body_text(&req.action, &req.params.0);
