@@ -144,3 +144,16 @@ fn pipelined_large_calls_take_bounded_memory() {
     assert!(sup < 400, "supervisor peak {sup} MiB");
     assert!(exe < 300, "executor peak {exe} MiB");
 }
+
+/// A generic stream trickled a byte every 20 ms never trips the 1 s idle
+/// timeout, but must still finish within the request timeout as a whole.
+#[test]
+fn a_trickling_generic_stream_has_an_overall_deadline() {
+    let fake = Fake::start(None);
+    fake.fake.set_fault("test_download_stream", Fault::Trickle(Duration::from_millis(20)));
+    let mut s = session(&fake, "write", &[("SNOWLUMA_MCP_TIMEOUT_MS", "1000")]);
+    let r = s.call("invoke_action", json!({"action": "test_download_stream"}));
+    assert!(is_error(&r), "{r}");
+    assert_eq!(structured(&r)["diagnostics"]["kind"], "timeout");
+    assert!(text(&r).contains("did not finish within"), "{}", text(&r));
+}

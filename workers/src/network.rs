@@ -656,7 +656,26 @@ pub(crate) fn frame_failure(frame: &Value) -> Option<String> {
     Some(why)
 }
 
+/// A generic stream (a bounded collection of frames, unlike file transfers)
+/// must finish within the request timeout as a whole, not only between
+/// reads: a server trickling a byte at a time would otherwise hold it open
+/// for ever under the idle timeout.
 async fn generic_stream(net: &Net, req: &ExecRequest, params: Value, ctx: &Ctx) -> ToolReply {
+    match tokio::time::timeout(net.timeout, generic_stream_inner(net, req, params, ctx)).await {
+        Ok(reply) => reply,
+        Err(_) => transport_failure(
+            FailureKind::Timeout,
+            format!(
+                "the stream did not finish within {} ms (SNOWLUMA_MCP_TIMEOUT_MS bounds a whole generic stream)",
+                net.timeout.as_millis()
+            ),
+            req.write,
+            true,
+        ),
+    }
+}
+
+async fn generic_stream_inner(net: &Net, req: &ExecRequest, params: Value, ctx: &Ctx) -> ToolReply {
     let send = tokio::time::timeout(net.timeout, request(net, req, params.clone()).send()).await;
     let mut resp = match send {
         Err(_) => {

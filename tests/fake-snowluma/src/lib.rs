@@ -84,6 +84,9 @@ pub enum Fault {
     /// Write the body in pieces of this many bytes (one write, and for Stream
     /// actions one HTTP chunk, per piece) regardless of frame boundaries.
     StreamSplit(usize),
+    /// Stream actions: write the body one byte at a time, waiting this long
+    /// after each byte (a server that trickles).
+    Trickle(Duration),
     /// Answer a Stream action with exactly these frames (each followed by
     /// `\r\n\r\n`), instead of what the action would send: for testing how a
     /// client handles malformed streams.

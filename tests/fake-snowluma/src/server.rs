@@ -126,6 +126,7 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
 
     let fault = shared.lock().faults.get(&call.action).cloned();
     let mut split = None;
+    let mut pace = None;
     match fault {
         None => {}
         Some(Fault::Delay(delay)) => {
@@ -167,6 +168,10 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
             return After::Drop;
         }
         Some(Fault::StreamSplit(piece)) => split = Some(piece.max(1)),
+        Some(Fault::Trickle(every)) => {
+            split = Some(1);
+            pace = Some(every);
+        }
         Some(Fault::StreamThenHang(frames)) => {
             if conn.start_chunked(keep_alive).await.is_ok() {
                 for frame in frames {
@@ -183,7 +188,7 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
         }
         Some(Fault::StreamFrames(frames)) => {
             let frames: Frames = Box::new(frames.into_iter());
-            return match write_stream(conn, frames, keep_alive, None).await {
+            return match write_stream(conn, frames, keep_alive, None, None).await {
                 Ok(()) if keep_alive => After::KeepAlive,
                 Ok(()) => After::Close,
                 Err(_) => After::Drop,
@@ -195,7 +200,7 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
     let reply = actions::dispatch(&mut shared.lock(), call);
     match reply {
         Reply::Json { status, body } => write_bytes(conn, status, &json_bytes(&body), keep_alive, split).await,
-        Reply::Stream(frames) => match write_stream(conn, frames, keep_alive, split).await {
+        Reply::Stream(frames) => match write_stream(conn, frames, keep_alive, split, pace).await {
             Ok(()) if keep_alive => After::KeepAlive,
             Ok(()) => After::Close,
             Err(_) => {
@@ -208,8 +213,21 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
 }
 
 /// Writes a Stream body: one HTTP chunk per frame, or with `split` pieces of
-/// exactly that many bytes regardless of frame boundaries.
-async fn write_stream(conn: &mut Conn, frames: Frames, keep_alive: bool, split: Option<usize>) -> io::Result<()> {
+/// exactly that many bytes regardless of frame boundaries, waiting `pace`
+/// after each piece.
+async fn write_stream(
+    conn: &mut Conn,
+    frames: Frames,
+    keep_alive: bool,
+    split: Option<usize>,
+    pace: Option<std::time::Duration>,
+) -> io::Result<()> {
+    let rest_a_while = || async move {
+        match pace {
+            Some(d) => tokio::time::sleep(d).await,
+            None => tokio::task::yield_now().await,
+        }
+    };
     conn.start_chunked(keep_alive).await?;
     let mut pending: Vec<u8> = Vec::new();
     for frame in frames {
@@ -229,14 +247,14 @@ async fn write_stream(conn: &mut Conn, frames: Frames, keep_alive: bool, split: 
             }
             conn.write_chunk(&pending).await?;
             pending.clear();
-            tokio::task::yield_now().await;
+            rest_a_while().await;
         }
         for part in rest.chunks(piece) {
             if part.len() < piece {
                 pending.extend_from_slice(part);
             } else {
                 conn.write_chunk(part).await?;
-                tokio::task::yield_now().await;
+                rest_a_while().await;
             }
         }
     }
