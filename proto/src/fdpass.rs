@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::socket::{
     AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg, sendmsg, socketpair,
@@ -29,7 +29,13 @@ pub enum FdPassError {
     Timeout(u64),
     #[error("malformed descriptor message")]
     Malformed,
+    #[error("descriptor {0} was sent but could not be received (the process is out of descriptors)")]
+    Lost(u64),
 }
+
+/// A descriptor nobody claims is dropped after this long (a backstop; the
+/// known paths discard theirs at once).
+pub const UNCLAIMED_TTL: Duration = Duration::from_secs(60);
 
 /// A new connected pair (close-on-exec), one end per process.
 pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -46,9 +52,19 @@ pub fn send_blocking(channel: BorrowedFd<'_>, tag: u64, fd: BorrowedFd<'_>) -> s
     Ok(())
 }
 
-fn recv_one(raw: RawFd) -> Result<Option<(u64, OwnedFd)>, nix::Error> {
+/// One message from the channel.
+enum Received {
+    /// The peer closed the channel.
+    Closed,
+    Fd(u64, OwnedFd),
+    /// The tag arrived but its descriptor did not: the kernel could not
+    /// install it (`MSG_CTRUNC`, e.g. EMFILE). The channel stays usable.
+    Lost(u64),
+}
+
+fn recv_one(raw: RawFd) -> Result<Received, nix::Error> {
     let mut buf = [0u8; 8];
-    let (bytes, got) = {
+    let bytes = {
         let mut iov = [IoSliceMut::new(&mut buf)];
         let mut space = nix::cmsg_space!([RawFd; 1]);
         let msg = recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
@@ -65,11 +81,12 @@ fn recv_one(raw: RawFd) -> Result<Option<(u64, OwnedFd)>, nix::Error> {
                 }
             }
         }
-        (msg.bytes, got)
+        (msg.bytes, got, msg.flags.contains(MsgFlags::MSG_CTRUNC))
     };
-    match (bytes, got) {
-        (0, None) => Ok(None),
-        (8, Some(fd)) => Ok(Some((u64::from_le_bytes(buf), fd))),
+    match bytes {
+        (0, None, _) => Ok(Received::Closed),
+        (8, Some(fd), _) => Ok(Received::Fd(u64::from_le_bytes(buf), fd)),
+        (8, None, true) => Ok(Received::Lost(u64::from_le_bytes(buf))),
         _ => Err(nix::Error::EPROTO),
     }
 }
@@ -84,8 +101,31 @@ pub struct FdReceiver {
 
 #[derive(Default)]
 struct Table {
-    fds: HashMap<u64, OwnedFd>,
+    /// Received, not yet claimed, with their arrival time.
+    fds: HashMap<u64, (OwnedFd, Instant)>,
+    /// Discarded before they arrived: dropped on arrival.
+    discarded: HashMap<u64, Instant>,
+    /// Arrived without their descriptor.
+    lost: HashMap<u64, Instant>,
     closed: bool,
+}
+
+impl Table {
+    /// Drop what has waited longer than [`UNCLAIMED_TTL`].
+    fn prune(&mut self, now: Instant) {
+        let fresh = |t: &Instant| now.duration_since(*t) < UNCLAIMED_TTL;
+        self.fds.retain(|_, (_, t)| fresh(t));
+        self.discarded.retain(|_, t| fresh(t));
+        self.lost.retain(|_, t| fresh(t));
+    }
+
+    fn arrived(&mut self, tag: u64, fd: OwnedFd) {
+        let now = Instant::now();
+        self.prune(now);
+        if self.discarded.remove(&tag).is_none() {
+            self.fds.insert(tag, (fd, now));
+        }
+    }
 }
 
 impl FdReceiver {
@@ -103,13 +143,23 @@ impl FdReceiver {
                 let res =
                     afd.async_io(Interest::READABLE, |fd| recv_one(fd.as_raw_fd()).map_err(std::io::Error::from)).await;
                 match res {
-                    Ok(Some((tag, fd))) => {
+                    Ok(Received::Fd(tag, fd)) => {
                         if let Ok(mut t) = task_rx.table.lock() {
-                            t.fds.insert(tag, fd);
+                            t.arrived(tag, fd);
                         }
                         task_rx.notify.notify_waiters();
                     }
-                    Ok(None) | Err(_) => {
+                    Ok(Received::Lost(tag)) => {
+                        if let Ok(mut t) = task_rx.table.lock() {
+                            t.lost.insert(tag, Instant::now());
+                        }
+                        task_rx.notify.notify_waiters();
+                    }
+                    // Out of memory for the moment: try again shortly.
+                    Err(e) if matches!(e.raw_os_error(), Some(nix::libc::ENOMEM | nix::libc::ENOBUFS)) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Ok(Received::Closed) | Err(_) => {
                         if let Ok(mut t) = task_rx.table.lock() {
                             t.closed = true;
                         }
@@ -122,15 +172,19 @@ impl FdReceiver {
         Ok(rx)
     }
 
-    /// Wait for the descriptor tagged `tag`.
+    /// Wait for the descriptor tagged `tag`. On failure (timeout, lost,
+    /// closed) the tag is discarded: a descriptor arriving later is dropped.
     pub async fn claim(&self, tag: u64, timeout: Duration) -> Result<OwnedFd, FdPassError> {
         let wait = async {
             loop {
                 let notified = self.notify.notified();
                 {
                     let mut t = self.table.lock().map_err(|_| FdPassError::Closed)?;
-                    if let Some(fd) = t.fds.remove(&tag) {
+                    if let Some((fd, _)) = t.fds.remove(&tag) {
                         return Ok(fd);
+                    }
+                    if t.lost.remove(&tag).is_some() {
+                        return Err(FdPassError::Lost(tag));
                     }
                     if t.closed {
                         return Err(FdPassError::Closed);
@@ -139,14 +193,28 @@ impl FdReceiver {
                 notified.await;
             }
         };
-        tokio::time::timeout(timeout, wait).await.unwrap_or(Err(FdPassError::Timeout(tag)))
+        let r = tokio::time::timeout(timeout, wait).await.unwrap_or(Err(FdPassError::Timeout(tag)));
+        if r.is_err() {
+            self.discard(tag);
+        }
+        r
     }
 
-    /// Drop a descriptor that will never be claimed.
+    /// Drop a descriptor that will never be claimed: now if it has arrived,
+    /// on arrival otherwise.
     pub fn discard(&self, tag: u64) {
         if let Ok(mut t) = self.table.lock() {
-            t.fds.remove(&tag);
+            let now = Instant::now();
+            t.prune(now);
+            if t.fds.remove(&tag).is_none() && t.lost.remove(&tag).is_none() {
+                t.discarded.insert(tag, now);
+            }
         }
+    }
+
+    /// Descriptors received and not yet claimed (for tests and diagnostics).
+    pub fn waiting(&self) -> usize {
+        self.table.lock().map(|t| t.fds.len()).unwrap_or(0)
     }
 }
 
@@ -175,6 +243,34 @@ mod tests {
         drop(a);
         assert!(matches!(rx.claim(1, Duration::from_secs(5)).await, Err(FdPassError::Closed)));
         let _ = std::fs::remove_file(path);
+    }
+
+    /// A descriptor discarded before it arrives is dropped on arrival; one
+    /// discarded after is dropped at once.
+    #[tokio::test]
+    async fn discarded_descriptors_are_dropped() {
+        let (a, b) = pair().unwrap();
+        let rx = FdReceiver::spawn(b).unwrap();
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        rx.discard(1);
+        send_blocking(a.as_fd_ref(), 1, std::os::fd::AsFd::as_fd(&f)).unwrap();
+        send_blocking(a.as_fd_ref(), 2, std::os::fd::AsFd::as_fd(&f)).unwrap();
+        // Tag 2 arriving means tag 1, sent before it, was handled.
+        let two = rx.claim(2, Duration::from_secs(5)).await.unwrap();
+        drop(two);
+        assert_eq!(rx.waiting(), 0, "the discarded descriptor was dropped on arrival");
+        send_blocking(a.as_fd_ref(), 3, std::os::fd::AsFd::as_fd(&f)).unwrap();
+        send_blocking(a.as_fd_ref(), 4, std::os::fd::AsFd::as_fd(&f)).unwrap();
+        drop(rx.claim(4, Duration::from_secs(5)).await.unwrap());
+        assert_eq!(rx.waiting(), 1);
+        rx.discard(3);
+        assert_eq!(rx.waiting(), 0);
+        // A claim that times out discards its tag.
+        assert!(matches!(rx.claim(5, Duration::from_millis(10)).await, Err(FdPassError::Timeout(5))));
+        send_blocking(a.as_fd_ref(), 5, std::os::fd::AsFd::as_fd(&f)).unwrap();
+        send_blocking(a.as_fd_ref(), 6, std::os::fd::AsFd::as_fd(&f)).unwrap();
+        drop(rx.claim(6, Duration::from_secs(5)).await.unwrap());
+        assert_eq!(rx.waiting(), 0);
     }
 
     trait AsFdRef {

@@ -261,8 +261,13 @@ pub enum FilesRequest {
     CommitDownload { token: String, file_name: String, size: u64 },
     /// Remove an unfinished `.part` file.
     AbortDownload { token: String },
-    /// Bytes currently used by regular files in the download directory.
+    /// Bytes currently used by regular files in the download directory
+    /// (our own `.part` files excepted: in-flight ones are reserved
+    /// separately, stale ones are swept).
     DownloadUsage,
+    /// Remove `.part` files of our naming scheme that no process is writing
+    /// (left by a killed session). Once per session, before its first download.
+    SweepStaleParts,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -272,6 +277,7 @@ pub enum FilesReply {
     Committed { file_name: String },
     Aborted,
     Usage { bytes: u64 },
+    Swept { removed: u64 },
     Refused { reason: String },
 }
 

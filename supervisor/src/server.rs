@@ -66,6 +66,8 @@ pub struct SnowlumaServer {
     pub(crate) paths: TransferPaths,
     /// Bytes reserved by downloads in flight (quota accounting).
     pub(crate) reserved: std::sync::Mutex<u64>,
+    /// Set once stale `.part` files were swept (before the first download).
+    pub(crate) swept: tokio::sync::OnceCell<()>,
 }
 
 fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
@@ -180,6 +182,7 @@ impl SnowlumaServer {
             audit,
             paths,
             reserved: std::sync::Mutex::new(0),
+            swept: tokio::sync::OnceCell::new(),
         }
     }
 

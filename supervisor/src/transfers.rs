@@ -153,14 +153,33 @@ async fn files_call(
     }
 }
 
-/// Hand the file the files worker sent (tag) to the network executor; returns the new tag.
-async fn relay_fd(
-    files: &WorkerSlot,
-    network: &WorkerSlot,
+/// The tag of a descriptor the file-transfer worker sends us: until it is
+/// claimed, dropping this (a cancel, a refusal, an error) tells the
+/// descriptor table to drop the descriptor, whenever it arrives.
+struct FdTag<'a> {
+    files: &'a WorkerSlot,
     tag: u64,
-    cancel: &CancellationToken,
-) -> Result<u64, ToolReply> {
-    let fd = files.claim_fd(tag, cancel).await.map_err(|e| call_error_reply(e, false))?;
+    claimed: bool,
+}
+
+impl<'a> FdTag<'a> {
+    fn new(files: &'a WorkerSlot) -> FdTag<'a> {
+        FdTag { files, tag: random_tag(), claimed: false }
+    }
+}
+
+impl Drop for FdTag<'_> {
+    fn drop(&mut self) {
+        if !self.claimed {
+            self.files.forget_fd(self.tag);
+        }
+    }
+}
+
+/// Hand the file the files worker sent (tag) to the network executor; returns the new tag.
+async fn relay_fd(network: &WorkerSlot, mut tag: FdTag<'_>, cancel: &CancellationToken) -> Result<u64, ToolReply> {
+    let fd = tag.files.claim_fd(tag.tag, cancel).await.map_err(|e| call_error_reply(e, false))?;
+    tag.claimed = true;
     let ntag = random_tag();
     network.send_fd(ntag, fd.as_fd(), cancel).await.map_err(|e| call_error_reply(e, false))?;
     Ok(ntag)
@@ -179,9 +198,9 @@ pub async fn run(
     };
     match plan {
         Plan::Upload { rel, filename } => {
-            let tag = random_tag();
+            let tag = FdTag::new(files);
             let (size, name) =
-                match files_call(files, FilesRequest::OpenUpload { rel_path: rel, fd_tag: tag }, cancel).await {
+                match files_call(files, FilesRequest::OpenUpload { rel_path: rel, fd_tag: tag.tag }, cancel).await {
                     Ok(FilesReply::Opened { size, name }) => (size, name),
                     Ok(FilesReply::Refused { reason }) => {
                         return bad_args(
@@ -192,7 +211,7 @@ pub async fn run(
                     Ok(_) => return ToolReply::fail(FailureKind::Execution, "unexpected answer to an upload open"),
                     Err(r) => return r,
                 };
-            let ntag = match relay_fd(files, network, tag, cancel).await {
+            let ntag = match relay_fd(network, tag, cancel).await {
                 Ok(t) => t,
                 Err(r) => return r,
             };
@@ -205,6 +224,20 @@ pub async fn run(
             tool_reply("the network executor", network.call(Request::Execute(exec), cancel, progress).await, true)
         }
         Plan::Download => {
+            // Partial files left by a killed session go before the first
+            // download measures the directory (live ones are locked and stay).
+            server
+                .swept
+                .get_or_init(|| async {
+                    match files_call(files, FilesRequest::SweepStaleParts, &CancellationToken::new()).await {
+                        Ok(FilesReply::Swept { .. }) => {}
+                        Ok(FilesReply::Refused { reason }) => {
+                            tracing::warn!(reason, "stale partial downloads not swept")
+                        }
+                        _ => tracing::warn!("stale partial downloads not swept"),
+                    }
+                })
+                .await;
             let max = server.config().max_stream_bytes;
             let quota = max.saturating_mul(2);
             let used = match files_call(files, FilesRequest::DownloadUsage, cancel).await {
@@ -231,19 +264,26 @@ pub async fn run(
                 limit
             };
             let _reservation = Reservation { server, bytes: limit };
-            let tag = random_tag();
-            let token = match files_call(files, FilesRequest::CreateDownload { fd_tag: tag }, cancel).await {
+            let tag = FdTag::new(files);
+            // Creating the `.part` file is not cancellable: a cancel while it
+            // was being created used to leave it behind with nobody knowing
+            // its token. It is quick; a cancel is honoured right after.
+            let cleanup = CancellationToken::new();
+            let token = match files_call(files, FilesRequest::CreateDownload { fd_tag: tag.tag }, &cleanup).await {
                 Ok(FilesReply::Created { token }) => token,
                 Ok(FilesReply::Refused { reason }) => return ToolReply::fail(FailureKind::Execution, reason),
                 Ok(_) => return ToolReply::fail(FailureKind::Execution, "unexpected answer to a download create"),
                 Err(r) => return r,
             };
             // Cleanup runs even when the call itself was cancelled.
-            let cleanup = CancellationToken::new();
             let abort = |token: String| async move {
-                let _ = files_call(files, FilesRequest::AbortDownload { token }, &cleanup).await;
+                let _ = files_call(files, FilesRequest::AbortDownload { token }, &CancellationToken::new()).await;
             };
-            let ntag = match relay_fd(files, network, tag, cancel).await {
+            if cancel.is_cancelled() {
+                abort(token).await;
+                return call_error_reply(crate::workers::CallError::Cancelled, false);
+            }
+            let ntag = match relay_fd(network, tag, cancel).await {
                 Ok(t) => t,
                 Err(r) => {
                     abort(token).await;

@@ -135,6 +135,16 @@ impl WorkerSlot {
         rx.claim(tag, Duration::from_secs(10)).await.map_err(|_| CallError::WorkerDied(self.role.as_str()))
     }
 
+    /// Give up on the descriptor tagged `tag` from the worker: dropped now if
+    /// it has arrived, on arrival otherwise.
+    pub fn forget_fd(&self, tag: u64) {
+        if let Some(c) = self.live.borrow().clone()
+            && let Some(rx) = &c.fd_in
+        {
+            rx.discard(tag);
+        }
+    }
+
     pub fn shutdown(&self) {
         self.stop.cancel();
     }

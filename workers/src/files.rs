@@ -11,10 +11,9 @@
 //! Opened files travel to the supervisor as descriptors on the fd channel;
 //! their bytes never pass through this worker or the supervisor.
 
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use snowluma_proto::fdpass;
 use snowluma_proto::{
@@ -29,8 +28,6 @@ pub struct FilesWorker {
     upload_root: Option<OwnedFd>,
     download_dir: Option<OwnedFd>,
     channel: Option<OwnedFd>,
-    /// token → `.part` name of downloads in progress.
-    parts: Mutex<HashMap<String, String>>,
 }
 
 /// Take ownership of an inherited descriptor if it is open.
@@ -50,7 +47,6 @@ impl FilesWorker {
             upload_root: inherited(FILES_UPLOAD_ROOT_FD),
             download_dir: inherited(FILES_DOWNLOAD_DIR_FD),
             channel: inherited(FILES_FD_CHANNEL),
-            parts: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -118,6 +114,43 @@ fn io_reason(e: &std::io::Error) -> String {
 }
 
 /// Characters allowed in saved file names; anything else becomes `_`.
+/// `flock(LOCK_EX | LOCK_NB)`: fails with EWOULDBLOCK when another open
+/// file description holds the lock.
+fn lock_exclusive(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    // SAFETY: flock takes a descriptor we borrow for the call and no memory.
+    let rc = unsafe { nix::libc::flock(fd.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// Our download tokens: 32 lowercase hex digits.
+fn is_token(token: &str) -> bool {
+    token.len() == 32 && token.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The `.part` file of a download token.
+fn part_name(token: &str) -> String {
+    format!("{token}.part")
+}
+
+/// Whether a directory entry is one of our `.part` files.
+fn is_part_name(name: &str) -> bool {
+    name.strip_suffix(".part").is_some_and(is_token)
+}
+
+/// Our `.part` files in the download directory.
+fn part_files(dir: BorrowedFd<'_>) -> nix::Result<Vec<String>> {
+    let mut d = nix::dir::Dir::openat(
+        dir,
+        ".",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    Ok(d.iter()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().ok().filter(|n| is_part_name(n)).map(str::to_owned))
+        .collect())
+}
+
 pub fn sanitize_name(name: &str) -> String {
     let base = name.rsplit(['/', '\\']).next().unwrap_or("");
     let mut s: String =
@@ -179,24 +212,30 @@ impl FilesWorker {
             return FilesReply::Refused { reason: "no download directory".into() };
         };
         let token = random_hex(16);
-        let part = format!("{token}.part");
+        let part = part_name(&token);
         let flags = nix::libc::O_RDWR | nix::libc::O_CREAT | nix::libc::O_EXCL;
         let fd = match open_beneath(dir.as_fd(), &part, flags, 0o600) {
             Ok(fd) => fd,
             Err(e) => return FilesReply::Refused { reason: format!("cannot create a download file: {e}") },
         };
+        // The lock lives on the open file description, which every copy of
+        // this descriptor shares: it is held while anyone (the executor)
+        // still has the file open, and a sweep skips locked `.part` files.
+        if let Err(e) = lock_exclusive(fd.as_fd()) {
+            let _ = nix::unistd::unlinkat(dir, part.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+            return FilesReply::Refused { reason: format!("cannot lock the download file: {e}") };
+        }
         if let Err(r) = self.send_fd(tag, fd.as_fd()) {
             let _ = nix::unistd::unlinkat(dir, part.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
             return FilesReply::Refused { reason: r };
         }
-        if let Ok(mut p) = self.parts.lock() {
-            p.insert(token.clone(), part);
-        }
         FilesReply::Created { token }
     }
 
+    /// The `.part` file of a token, which must be one this worker (or a
+    /// predecessor: the name depends on the token alone) handed out.
     fn take_part(&self, token: &str) -> Option<String> {
-        self.parts.lock().ok().and_then(|mut p| p.remove(token))
+        is_token(token).then(|| part_name(token))
     }
 
     fn commit(&self, token: &str, name: &str, size: u64) -> FilesReply {
@@ -242,6 +281,34 @@ impl FilesWorker {
         FilesReply::Aborted
     }
 
+    /// Remove our `.part` files that nobody holds open (their lock is free):
+    /// left by a session that was killed. Files of live downloads, of this
+    /// session or another one sharing the directory, stay.
+    fn sweep(&self) -> FilesReply {
+        let Some(dir) = &self.download_dir else {
+            return FilesReply::Swept { removed: 0 };
+        };
+        let names = match part_files(dir.as_fd()) {
+            Ok(n) => n,
+            Err(e) => return FilesReply::Refused { reason: format!("cannot read the download directory: {e}") },
+        };
+        let mut removed = 0;
+        for name in names {
+            let Ok(fd) = open_beneath(dir.as_fd(), &name, nix::libc::O_RDONLY | nix::libc::O_NONBLOCK, 0) else {
+                continue;
+            };
+            if lock_exclusive(fd.as_fd()).is_ok()
+                && nix::unistd::unlinkat(dir, name.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(removed, "removed partial downloads left by an earlier session");
+        }
+        FilesReply::Swept { removed }
+    }
+
     fn usage(&self) -> FilesReply {
         let Some(dir) = &self.download_dir else {
             return FilesReply::Usage { bytes: 0 };
@@ -260,6 +327,9 @@ impl FilesWorker {
                 for entry in d.iter().flatten() {
                     let name = entry.file_name();
                     if name.to_bytes() == b"." || name.to_bytes() == b".." {
+                        continue;
+                    }
+                    if name.to_str().is_ok_and(is_part_name) {
                         continue;
                     }
                     if let Ok(st) = nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
@@ -301,6 +371,7 @@ impl RoleHandler for FilesWorker {
             FilesRequest::CommitDownload { token, file_name, size } => self.commit(&token, &file_name, size),
             FilesRequest::AbortDownload { token } => self.abort(&token),
             FilesRequest::DownloadUsage => self.usage(),
+            FilesRequest::SweepStaleParts => self.sweep(),
         })
     }
 }

@@ -398,22 +398,33 @@ async fn execute(
     ctx: &Ctx,
 ) -> ToolReply {
     if req.stream {
+        let tag = req.transfer.as_ref().map(|t| match t {
+            Transfer::Download { fd_tag, .. } | Transfer::Upload { fd_tag, .. } => *fd_tag,
+        });
+        // A transfer refused before its descriptor is claimed must not leave
+        // the descriptor (sent ahead of this request) in the table.
+        let forget = || {
+            if let (Some(tag), Some(rx)) = (tag, fds) {
+                rx.discard(tag);
+            }
+        };
         let params = match req.params.parse() {
             Ok(v @ Value::Object(_)) => v,
-            _ => return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object"),
+            _ => {
+                forget();
+                return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object");
+            }
         };
         let Ok(_permit) = net.streams.clone().try_acquire_owned() else {
+            forget();
             return ToolReply::fail(
                 FailureKind::Execution,
                 format!("active stream limit reached ({MAX_ACTIVE_STREAMS}); wait for one to finish"),
             );
         };
-        let transfer_fd = match &req.transfer {
+        let transfer_fd = match tag {
             None => None,
-            Some(t) => {
-                let tag = match t {
-                    Transfer::Download { fd_tag, .. } | Transfer::Upload { fd_tag, .. } => *fd_tag,
-                };
+            Some(tag) => {
                 let claimed = match fds {
                     Some(rx) => rx.claim(tag, Duration::from_secs(10)).await.map_err(|e| e.to_string()),
                     None => Err("no descriptor channel".to_owned()),

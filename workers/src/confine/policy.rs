@@ -192,6 +192,9 @@ pub const FILES: &[Allow] = &[
     any("ftruncate", libc::SYS_ftruncate),
     any("fallocate", libc::SYS_fallocate),
     any("fchmod", libc::SYS_fchmod),
+    // Each `.part` file is locked while it is being written, so that a sweep
+    // of stale partial downloads skips live ones (files.rs).
+    any("flock", libc::SYS_flock),
 ];
 
 /// The supervisor proper (not a worker: it is the MCP endpoint). It starts
