@@ -66,6 +66,8 @@ pub struct SnowlumaServer {
     pub(crate) paths: TransferPaths,
     /// Bytes reserved by downloads in flight (quota accounting).
     pub(crate) reserved: std::sync::Mutex<u64>,
+    /// Signalled when a download's reservation shrinks or ends.
+    pub(crate) quota_freed: tokio::sync::Notify,
     /// Set once stale `.part` files were swept (before the first download).
     pub(crate) swept: tokio::sync::OnceCell<()>,
 }
@@ -183,6 +185,7 @@ impl SnowlumaServer {
             paths,
             reserved: std::sync::Mutex::new(0),
             swept: tokio::sync::OnceCell::new(),
+            quota_freed: tokio::sync::Notify::new(),
         }
     }
 

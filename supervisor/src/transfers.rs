@@ -127,16 +127,71 @@ fn random_tag() -> u64 {
     u64::from_le_bytes(crate::trace::random_bytes::<8>())
 }
 
-/// Releases a quota reservation when dropped.
+/// A download's share of the directory quota, released when dropped.
 struct Reservation<'a> {
     server: &'a SnowlumaServer,
     bytes: u64,
+}
+
+impl Reservation<'_> {
+    /// The download announced its size: keep only that much reserved and
+    /// let waiting downloads have the rest.
+    fn shrink_to(&mut self, bytes: u64) {
+        if bytes >= self.bytes {
+            return;
+        }
+        if let Ok(mut r) = self.server.reserved.lock() {
+            *r = r.saturating_sub(self.bytes - bytes);
+        }
+        self.bytes = bytes;
+        self.server.quota_freed.notify_waiters();
+    }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if let Ok(mut r) = self.server.reserved.lock() {
             *r = r.saturating_sub(self.bytes);
+        }
+        self.server.quota_freed.notify_waiters();
+    }
+}
+
+/// Reserve room for a download of unknown size: what is left of the quota,
+/// at most the per-file cap. While every byte is reserved by downloads
+/// that have not announced their size yet (they announce it in their
+/// first frame, and then keep only that), wait for room, up to the request
+/// timeout; `None` if the quota stays used up.
+async fn reserve<'a>(
+    server: &'a SnowlumaServer,
+    used: u64,
+    cancel: &CancellationToken,
+) -> Result<Option<Reservation<'a>>, ToolReply> {
+    let max = server.config().max_stream_bytes;
+    let quota = max.saturating_mul(2);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(server.config().timeout_ms);
+    loop {
+        let freed = server.quota_freed.notified();
+        let mut freed = std::pin::pin!(freed);
+        freed.as_mut().enable();
+        {
+            let Ok(mut reserved) = server.reserved.lock() else {
+                return Err(ToolReply::fail(FailureKind::Execution, "quota accounting is unavailable"));
+            };
+            let limit = quota.saturating_sub(used).saturating_sub(*reserved).min(max);
+            if limit > 0 {
+                *reserved += limit;
+                return Ok(Some(Reservation { server, bytes: limit }));
+            }
+            if *reserved == 0 {
+                // Nothing in flight will free anything: the files are there.
+                return Ok(None);
+            }
+        }
+        tokio::select! {
+            () = freed => {}
+            () = tokio::time::sleep_until(deadline) => return Ok(None),
+            () = cancel.cancelled() => return Err(call_error_reply(crate::workers::CallError::Cancelled, false)),
         }
     }
 }
@@ -246,12 +301,9 @@ pub async fn run(
                 Ok(_) => return ToolReply::fail(FailureKind::Execution, "unexpected answer to a usage query"),
                 Err(r) => return r,
             };
-            let limit = {
-                let Ok(mut reserved) = server.reserved.lock() else {
-                    return ToolReply::fail(FailureKind::Execution, "quota accounting is unavailable");
-                };
-                let limit = quota.saturating_sub(used).saturating_sub(*reserved).min(max);
-                if limit == 0 {
+            let mut reservation = match reserve(server, used, cancel).await {
+                Ok(Some(r)) => r,
+                Ok(None) => {
                     return ToolReply::error(
                         Diagnostics::failed(
                             FailureKind::Execution,
@@ -260,10 +312,9 @@ pub async fn run(
                         .with_next_step("Move or delete earlier downloads from the download directory."),
                     );
                 }
-                *reserved += limit;
-                limit
+                Err(r) => return r,
             };
-            let _reservation = Reservation { server, bytes: limit };
+            let limit = reservation.bytes;
             let tag = FdTag::new(files);
             // Creating the `.part` file is not cancellable: a cancel while it
             // was being created used to leave it behind with nobody knowing
@@ -291,8 +342,37 @@ pub async fn run(
                 }
             };
             exec.transfer = Some(Transfer::Download { fd_tag: ntag, limit_bytes: limit });
-            let reply =
-                tool_reply("the network executor", network.call(Request::Execute(exec), cancel, progress).await, false);
+            // The executor reports the announced size in its first progress
+            // report (always sent for downloads): the reservation shrinks to
+            // it. Reports are passed on to the client when it asked for them.
+            let (seen_tx, mut seen_rx) = mpsc::unbounded_channel::<Progress>();
+            let call = network.call(Request::Execute(exec), cancel, Some(seen_tx));
+            let mut call = std::pin::pin!(call);
+            let mut announced = false;
+            let result = loop {
+                tokio::select! {
+                    r = &mut call => break r,
+                    Some(p) = seen_rx.recv() => {
+                        if !announced {
+                            announced = true;
+                            if let Some(total) = p.total {
+                                reservation.shrink_to(total as u64);
+                            }
+                        }
+                        if let Some(tx) = &progress {
+                            let _ = tx.send(p);
+                        }
+                    }
+                }
+            };
+            // Reports that arrived with the reply still go out before it.
+            while let Ok(p) = seen_rx.try_recv() {
+                if let Some(tx) = &progress {
+                    let _ = tx.send(p);
+                }
+            }
+            drop(progress);
+            let reply = tool_reply("the network executor", result, false);
             if reply.is_error {
                 abort(token).await;
                 return reply;
