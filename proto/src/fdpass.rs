@@ -68,8 +68,13 @@ fn recv_one(raw: RawFd) -> Result<Received, nix::Error> {
         let mut iov = [IoSliceMut::new(&mut buf)];
         let mut space = nix::cmsg_space!([RawFd; 1]);
         let msg = recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+        let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
         let mut got: Option<OwnedFd> = None;
-        for c in msg.cmsgs()? {
+        // With MSG_CTRUNC nix refuses to walk the control messages (ENOBUFS);
+        // whatever was installed is still ours to close. A message carries
+        // one descriptor, so a truncated one carries none we can use.
+        let cmsgs = if truncated { None } else { Some(msg.cmsgs()?) };
+        for c in cmsgs.into_iter().flatten() {
             if let ControlMessageOwned::ScmRights(fds) = c {
                 for fd in fds {
                     // SAFETY: the kernel just installed this descriptor in our
@@ -81,7 +86,7 @@ fn recv_one(raw: RawFd) -> Result<Received, nix::Error> {
                 }
             }
         }
-        (msg.bytes, got, msg.flags.contains(MsgFlags::MSG_CTRUNC))
+        (msg.bytes, got, truncated)
     };
     match bytes {
         (0, None, _) => Ok(Received::Closed),

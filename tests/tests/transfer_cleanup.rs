@@ -266,3 +266,41 @@ fn four_concurrent_downloads_fit_the_quota() {
     let saved = std::fs::read_dir(downloads(&e.dir)).unwrap().count();
     assert_eq!(saved, 4);
 }
+
+/// The executor runs out of descriptors just as an upload's file arrives:
+/// that upload fails with a clear error, and the descriptor channel (which
+/// one such message used to close for good) carries the next one.
+#[test]
+fn the_descriptor_channel_survives_running_out_of_descriptors() {
+    let mut e = setup("emfile", |dir| std::fs::write(uploads(dir).join("u.bin"), vec![7u8; 1000]).unwrap());
+    let input = uploads(&e.dir).join("u.bin").display().to_string();
+    let upload = json!({"action": "upload_file_stream", "execution": {"input_file": input}});
+    let r = e.s.call("invoke_action", upload.clone());
+    assert!(!is_error(&r), "{r}");
+    let net = e.s.worker_pid("network").unwrap();
+    // The lowest free descriptor number: a limit there makes the next one fail.
+    let used: std::collections::BTreeSet<u64> = std::fs::read_dir(format!("/proc/{net}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect();
+    let lowest_free = (0..).find(|n| !used.contains(n)).unwrap();
+    let set = |soft: u64| {
+        let mut old = nix::libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY (test): prlimit on a descendant with valid pointers.
+        let rc = unsafe { nix::libc::prlimit(net, nix::libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+        assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+        let new = nix::libc::rlimit { rlim_cur: soft, rlim_max: old.rlim_max };
+        // SAFETY (test): as above.
+        let rc = unsafe { nix::libc::prlimit(net, nix::libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+        assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+        old.rlim_cur
+    };
+    let before = set(lowest_free);
+    let r = e.s.call("invoke_action", upload.clone());
+    assert!(is_error(&r), "the upload whose file could not be received fails: {r}");
+    assert!(text(&r).contains("could not be received"), "a clear error, at once: {}", text(&r));
+    set(before);
+    let r = e.s.call("invoke_action", upload);
+    assert!(!is_error(&r), "the channel still carries descriptors: {r}");
+}
