@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::endpoint::{Endpoint, EndpointError, Scheme};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Docs,
@@ -44,7 +46,9 @@ pub struct Cli {
     /// docs, read or write (default: read with an endpoint, docs without).
     #[arg(long, env = "SNOWLUMA_MCP_MODE", hide_env_values = true)]
     pub mode: Option<String>,
-    /// OneBot HTTP endpoint, e.g. http://127.0.0.1:3000/ (POSTed to exactly as given).
+    /// OneBot HTTP endpoint, e.g. http://127.0.0.1:3000/ (POSTed to exactly as given). A host
+    /// name (not an IP literal) is resolved once, at startup before confinement; if its address
+    /// changes later, restart the server.
     #[arg(long, env = "SNOWLUMA_MCP_ENDPOINT", hide_env_values = true)]
     pub endpoint: Option<String>,
     /// Read the access token from this file instead of SNOWLUMA_MCP_TOKEN.
@@ -172,38 +176,18 @@ fn positive_int(var: &'static str, flag: &'static str, raw: &str, max: u64) -> R
     }
 }
 
-fn validate_http_url(raw: &str) -> Result<(), String> {
-    let rest = raw
-        .strip_prefix("http://")
-        .or_else(|| raw.strip_prefix("https://"))
-        .ok_or("must start with http:// or https://")?;
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    if authority.is_empty() {
-        return Err("has no host".into());
-    }
-    if authority.contains('@') {
-        return Err("must not embed credentials; use SNOWLUMA_MCP_TOKEN".into());
-    }
-    if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("contains whitespace".into());
-    }
-    Ok(())
+/// The HTTP endpoint, parsed (see [`crate::endpoint`]).
+pub fn http_endpoint(raw: &str) -> Result<Endpoint, EndpointError> {
+    Endpoint::parse(raw, &[Scheme::Http, Scheme::Https], "http:// or https://")
 }
 
-fn validate_ws_url(raw: &str) -> Result<(), String> {
-    let rest =
-        raw.strip_prefix("ws://").or_else(|| raw.strip_prefix("wss://")).ok_or("must start with ws:// or wss://")?;
-    let authority = rest.split('/').next().unwrap_or("");
-    if authority.is_empty() {
-        return Err("has no host".into());
+/// The events URL, parsed: no query or fragment either.
+pub fn events_endpoint(raw: &str) -> Result<Endpoint, EndpointError> {
+    let e = Endpoint::parse(raw, &[Scheme::Ws, Scheme::Wss], "ws:// or wss://")?;
+    if e.has_query {
+        return Err(EndpointError::Query);
     }
-    if authority.contains('@') {
-        return Err("must not embed credentials".into());
-    }
-    if raw.contains('?') || raw.contains('#') {
-        return Err("must not contain a query or fragment".into());
-    }
-    Ok(())
+    Ok(e)
 }
 
 impl Config {
@@ -212,10 +196,10 @@ impl Config {
         let mut warnings = Vec::new();
         let endpoint = nonempty(&cli.endpoint);
         if let Some(e) = &endpoint {
-            // The endpoint is printed only when it carries no credentials.
-            validate_http_url(e).map_err(|p| {
-                let shown = if e.contains('@') { "<redacted>".to_owned() } else { format!("{e:?}") };
-                bad("SNOWLUMA_MCP_ENDPOINT", "--endpoint", format!("{p}; got {shown}"))
+            // Shown without credentials, query or fragment (an access_token
+            // may be there).
+            http_endpoint(e).map_err(|p| {
+                bad("SNOWLUMA_MCP_ENDPOINT", "--endpoint", format!("{p}; got {}", crate::endpoint::shown_raw(e)))
             })?;
         }
         let explicit = match nonempty(&cli.mode) {
@@ -290,9 +274,8 @@ impl Config {
         let audit_log = abs("SNOWLUMA_MCP_AUDIT_LOG", "--audit-log", &cli.audit_log)?;
         let events_url = nonempty(&cli.events_url);
         if let Some(u) = &events_url {
-            validate_ws_url(u).map_err(|p| {
-                let shown = if u.contains('@') { "<redacted>".to_owned() } else { format!("{u:?}") };
-                bad("SNOWLUMA_MCP_EVENTS_URL", "--events-url", format!("{p}; got {shown}"))
+            events_endpoint(u).map_err(|p| {
+                bad("SNOWLUMA_MCP_EVENTS_URL", "--events-url", format!("{p}; got {}", crate::endpoint::shown_raw(u)))
             })?;
         }
         Ok(Config {

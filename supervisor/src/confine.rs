@@ -94,27 +94,6 @@ pub fn gate(mode: Mode, support: Support, opt_out: bool) -> Result<bool, String>
     }
 }
 
-/// The TCP port of an `http(s)://` or `ws(s)://` URL (explicit or the
-/// scheme's default).
-pub fn url_port(url: &str) -> Option<u16> {
-    let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let hostport = authority.rsplit('@').next()?;
-    let explicit = if let Some(after) = hostport.strip_prefix('[') {
-        after.split_once(']').and_then(|(_, p)| p.strip_prefix(':'))
-    } else {
-        hostport.rsplit_once(':').map(|(_, p)| p)
-    };
-    match explicit {
-        Some(p) => p.parse().ok(),
-        None => match scheme.to_ascii_lowercase().as_str() {
-            "http" | "ws" => Some(80),
-            "https" | "wss" => Some(443),
-            _ => None,
-        },
-    }
-}
-
 /// What each worker role is granted on its command line.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerGrants {
@@ -125,11 +104,10 @@ pub struct WorkerGrants {
 
 impl WorkerGrants {
     pub fn from_config(config: &Config, allow_unconfined: bool) -> WorkerGrants {
-        let mut ports: Vec<u16> = [config.endpoint.as_deref(), config.events_url.as_deref()]
-            .into_iter()
-            .flatten()
-            .filter_map(url_port)
-            .collect();
+        // Validated at startup; the events port only when events are configured.
+        let http = config.endpoint.as_deref().and_then(|e| crate::config::http_endpoint(e).ok());
+        let events = config.events_url.as_deref().and_then(|e| crate::config::events_endpoint(e).ok());
+        let mut ports: Vec<u16> = [http, events].into_iter().flatten().map(|e| e.port).collect();
         ports.sort_unstable();
         ports.dedup();
         WorkerGrants { network_ports: ports, allow_unconfined }
@@ -298,17 +276,6 @@ pub fn summary() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ports_of_urls() {
-        assert_eq!(url_port("http://127.0.0.1:3000/"), Some(3000));
-        assert_eq!(url_port("http://example.org/x"), Some(80));
-        assert_eq!(url_port("https://example.org"), Some(443));
-        assert_eq!(url_port("wss://h:8443/ws?a=b"), Some(8443));
-        assert_eq!(url_port("http://[::1]:5700/"), Some(5700));
-        assert_eq!(url_port("http://[::1]/"), Some(80));
-        assert_eq!(url_port("ftp://x/"), None);
-    }
 
     #[test]
     fn weak_kernels_refuse_read_and_write_without_opt_out() {

@@ -5,6 +5,7 @@ mod audit;
 mod config;
 mod confine;
 mod doctor;
+mod endpoint;
 mod policy;
 mod progress;
 mod runtime;
@@ -271,30 +272,22 @@ fn open_dir(path: &std::path::Path) -> std::io::Result<std::os::fd::OwnedFd> {
 /// The endpoint host's addresses, resolved here once: the confined network
 /// executor can neither read `/etc` nor send DNS queries. An IP literal (or
 /// a failure, reported by the executor on first use) gives an empty list.
+/// The endpoint's addresses when its host is a name (an IP literal needs
+/// none). Resolved once, here, before confinement: the confined executor
+/// can read no `/etc` and send no UDP. A later change of the name's address
+/// is not seen until the server restarts.
 fn resolve_endpoint(endpoint: Option<&str>) -> Vec<std::net::SocketAddr> {
     use std::net::ToSocketAddrs;
-    let Some(rest) = endpoint.and_then(|e| {
-        e.strip_prefix("http://").map(|r| (r, 80)).or_else(|| e.strip_prefix("https://").map(|r| (r, 443)))
-    }) else {
+    let Some(e) = endpoint.and_then(|e| config::http_endpoint(e).ok()) else {
         return Vec::new();
     };
-    let (rest, default_port) = rest;
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => match p.parse::<u16>() {
-            Ok(p) => (h, p),
-            Err(_) => (authority, default_port),
-        },
-        _ => (authority, default_port),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.parse::<std::net::IpAddr>().is_ok() {
+    if e.is_ip_literal() {
         return Vec::new();
     }
-    match (host, port).to_socket_addrs() {
+    match (e.host.as_str(), e.port).to_socket_addrs() {
         Ok(addrs) => addrs.collect(),
-        Err(e) => {
-            tracing::warn!(error = %e, "the endpoint's host name cannot be resolved now; calls will fail until restart");
+        Err(err) => {
+            tracing::warn!(error = %err, "the endpoint's host name cannot be resolved now; calls will fail until restart");
             Vec::new()
         }
     }

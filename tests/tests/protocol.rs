@@ -203,6 +203,38 @@ fn configuration_errors_are_one_clear_line() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
 }
 
+/// An endpoint port out of range is a configuration error naming the port,
+/// not a resolution warning; no error ever shows the endpoint's query
+/// string (where an access_token may be).
+#[test]
+fn endpoint_errors_are_exact_and_never_show_a_query() {
+    let run = |endpoint: &str| {
+        let out = std::process::Command::new(bin_path())
+            .env_clear()
+            .env("SNOWLUMA_MCP_ENDPOINT", endpoint)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{endpoint}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run("http://127.0.0.1:99999/");
+    assert!(err.contains("SNOWLUMA_MCP_ENDPOINT") && err.contains("port"), "{err}");
+    let err = run("http://127.0.0.1:0/?access_token=s3cret");
+    assert!(err.contains("port") && !err.contains("s3cret"), "{err}");
+    let err = run("ftp://127.0.0.1/?access_token=s3cret#x");
+    assert!(!err.contains("s3cret"), "{err}");
+    let out = std::process::Command::new(bin_path())
+        .env_clear()
+        .env("SNOWLUMA_MCP_EVENTS_URL", "ws://127.0.0.1:3001/?access_token=s3cret")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("query") && !err.contains("s3cret"), "{err}");
+}
+
 /// Started by a person in a terminal, the server says on stderr what it is
 /// and how to use it, then keeps serving: MCP typed into the terminal is
 /// answered on stdout.
