@@ -93,6 +93,8 @@ const ENV_ONLY_HELP: &str = "Environment variables without a flag:
   SNOWLUMA_MCP_TOKEN             SnowLuma access token, sent as Authorization: Bearer (or use --token-file)
   SNOWLUMA_MCP_ALLOW_UNCONFINED  1 lets read and write modes start on a kernel that cannot fully
                                  enforce the sandbox (Landlock ABI >= 6 and seccomp)
+  SNOWLUMA_MCP_LOG_PAYLOADS      1 lets debug/trace diagnostics of libraries (rmcp, HTTP) show
+                                 message texts, paths and tokens; otherwise they are capped at info
 
 Check this host's confinement with `snowluma-mcp doctor`.";
 
@@ -133,6 +135,8 @@ pub struct Config {
     pub allow_actions: Option<String>,
     pub deny_actions: Option<String>,
     pub log: String,
+    /// SNOWLUMA_MCP_LOG_PAYLOADS=1: library debug/trace lines are not capped.
+    pub log_payloads: bool,
     /// Non-fatal notes for stderr (e.g. a mode ignored for lack of endpoint).
     pub warnings: Vec<String>,
 }
@@ -278,6 +282,20 @@ impl Config {
                 bad("SNOWLUMA_MCP_EVENTS_URL", "--events-url", format!("{p}; got {}", crate::endpoint::shown_raw(u)))
             })?;
         }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&cli.log) {
+            return Err(bad("SNOWLUMA_MCP_LOG", "--log", format!("is not a valid filter ({e}); got {:?}", cli.log)));
+        }
+        let log_payloads = match std::env::var("SNOWLUMA_MCP_LOG_PAYLOADS").ok().as_deref() {
+            None | Some("") | Some("0") => false,
+            Some("1") => true,
+            Some(other) => {
+                return Err(bad(
+                    "SNOWLUMA_MCP_LOG_PAYLOADS",
+                    "(no flag)",
+                    format!("must be 1 (or 0, or unset); got {:?}", crate::endpoint::shown_raw(other)),
+                ));
+            }
+        };
         Ok(Config {
             mode,
             endpoint,
@@ -292,10 +310,22 @@ impl Config {
             allow_actions: nonempty(&cli.allow_actions),
             deny_actions: nonempty(&cli.deny_actions),
             log: cli.log.clone(),
+            log_payloads,
             warnings,
         })
     }
+
+    /// The log filter as processes take it (this one and the workers, on
+    /// their command line): SNOWLUMA_MCP_LOG, marked when payloads may be
+    /// logged.
+    pub fn worker_log_filter(&self) -> String {
+        if self.log_payloads { format!("{LOG_PAYLOADS_PREFIX}{}", self.log) } else { self.log.clone() }
+    }
 }
+
+/// Marks a log filter whose process may log payloads (`;` cannot occur in
+/// a valid filter).
+pub const LOG_PAYLOADS_PREFIX: &str = "payloads;";
 
 #[cfg(test)]
 mod tests {

@@ -29,15 +29,27 @@ use crate::config::{Cli, Config};
 use crate::server::{SnowlumaServer, Workers};
 use crate::workers::{Attach, ChannelDir, SelfExe, SpawnSpec, WorkerSlot};
 
+/// Diagnostics on stderr. `filter` is SNOWLUMA_MCP_LOG (validated at
+/// startup), optionally prefixed with [`config::LOG_PAYLOADS_PREFIX`] on a
+/// worker's command line. Without payload logging, every target but our own
+/// is capped at INFO whatever the filter says: rmcp's and the HTTP stack's
+/// debug and trace lines carry message texts, file paths and whatever
+/// SnowLuma answered (a reflected token included).
 fn init_tracing(filter: &str) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let (payloads, filter) = match filter.strip_prefix(config::LOG_PAYLOADS_PREFIX) {
+        Some(rest) => (true, rest),
+        None => (false, filter),
+    };
     let filter =
         tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_target(false)
-        .try_init();
+    let cap = tracing_subscriber::filter::filter_fn(move |m| {
+        payloads || m.target().starts_with("snowluma") || *m.level() <= tracing::Level::INFO
+    });
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false).with_target(false);
+    let _ = tracing_subscriber::registry().with(filter).with(fmt.with_filter(cap)).try_init();
 }
 
 /// Shown on stderr when a person starts the server in a terminal, where it
@@ -91,7 +103,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_tracing(&config.log);
+    init_tracing(&config.worker_log_filter());
+    if config.log_payloads {
+        tracing::warn!(
+            "SNOWLUMA_MCP_LOG_PAYLOADS=1: diagnostics at debug and trace may contain message texts, file paths and tokens"
+        );
+    }
     if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         eprint!("{TERMINAL_HINT}");
     }
@@ -356,7 +373,7 @@ async fn run(
 ) -> Result<Ended, Box<dyn std::error::Error>> {
     let spawner = spawner::SpawnerClient::start(spawner_sock, spawner_pid)?;
     let spawner_gone = spawner.gone();
-    let spec = Arc::new(SpawnSpec { spawner, log_filter: config.log.clone(), grants });
+    let spec = Arc::new(SpawnSpec { spawner, log_filter: config.worker_log_filter(), grants });
     let catalog = WorkerSlot::start(
         Role::Catalog,
         WorkerConfig::Catalog { denied: policy.denied() },

@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::Value;
 use snowluma_e2e::*;
 
-const KNOWN: [&str; 14] = [
+const KNOWN: [&str; 15] = [
     "SNOWLUMA_MCP_ENDPOINT",
     "SNOWLUMA_MCP_MODE",
     "SNOWLUMA_MCP_TOKEN",
@@ -26,6 +26,7 @@ const KNOWN: [&str; 14] = [
     "SNOWLUMA_MCP_DENY_ACTIONS",
     "SNOWLUMA_MCP_ALLOW_UNCONFINED",
     "SNOWLUMA_MCP_LOG",
+    "SNOWLUMA_MCP_LOG_PAYLOADS",
 ];
 
 fn repo_file(rel: &str) -> String {

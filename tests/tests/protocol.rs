@@ -301,6 +301,7 @@ fn help_lists_every_variable() {
         "SNOWLUMA_MCP_DENY_ACTIONS",
         "SNOWLUMA_MCP_ALLOW_UNCONFINED",
         "SNOWLUMA_MCP_LOG",
+        "SNOWLUMA_MCP_LOG_PAYLOADS",
     ] {
         assert!(help.contains(var), "--help does not mention {var}");
     }
