@@ -307,7 +307,13 @@ fn escape_attempts_are_refused() {
     std::fs::write(&swapped, b"fine").unwrap();
     std::fs::remove_file(&swapped).unwrap();
     std::os::unix::fs::symlink(&outside, &swapped).unwrap();
+    // A hard link inside the root to a file outside it (same filesystem).
+    std::fs::hard_link(&outside, root.join("hard.txt")).unwrap();
+    // A character device (opening one could have effects of its own).
+    std::os::unix::fs::symlink("/dev/null", root.join("null-link")).unwrap();
     let attempts = [
+        root.join("hard.txt").display().to_string(),
+        root.join("null-link").display().to_string(),
         root.join("link.txt").display().to_string(),
         root.join("dirlink/secret.txt").display().to_string(),
         format!("{}/../secret.txt", root.display()),
@@ -326,6 +332,11 @@ fn escape_attempts_are_refused() {
         assert_eq!(diag(&r)["kind"], "invalid_arguments", "{a}");
     }
     assert!(e.fake.fake.requests().is_empty(), "nothing was uploaded");
+    let r = e.s.call(
+        "invoke_action",
+        json!({"action": "upload_file_stream", "execution": {"input_file": root.join("hard.txt").display().to_string()}}),
+    );
+    assert!(text(&r).contains("hard link"), "the refusal says why: {}", text(&r));
 }
 
 #[test]

@@ -178,6 +178,26 @@ impl FilesWorker {
             return refused(r);
         }
         // O_NONBLOCK: opening a FIFO must not hang; cleared below.
+        // Look before opening: an O_PATH descriptor opens nothing (no device
+        // or FIFO is touched), so its type and link count are checked first.
+        let probe = match open_beneath(root.as_fd(), rel, nix::libc::O_PATH, 0) {
+            Ok(fd) => fd,
+            Err(e) => return refused(io_reason(&e)),
+        };
+        let before = match nix::sys::stat::fstat(&probe) {
+            Ok(st) => st,
+            Err(e) => return refused(format!("cannot stat: {e}")),
+        };
+        if (before.st_mode & nix::libc::S_IFMT) != nix::libc::S_IFREG {
+            return refused("not a regular file".into());
+        }
+        // A hard link inside the root can name a file that lives outside it
+        // (path checks cannot see that), so only singly-linked files go.
+        if before.st_nlink > 1 {
+            return refused(
+                "the file has more than one hard link; copy it into the upload root instead (a hard link could name a file outside it)".into(),
+            );
+        }
         let fd = match open_beneath(root.as_fd(), rel, nix::libc::O_RDONLY | nix::libc::O_NONBLOCK, 0) {
             Ok(fd) => fd,
             Err(e) => return refused(io_reason(&e)),
@@ -187,6 +207,11 @@ impl FilesWorker {
             Ok(m) => m,
             Err(e) => return refused(format!("cannot stat: {e}")),
         };
+        // The same file as the one looked at (not swapped in between).
+        use std::os::unix::fs::MetadataExt;
+        if meta.dev() != before.st_dev as u64 || meta.ino() != before.st_ino as u64 || meta.nlink() > 1 {
+            return refused("the file changed while it was being opened".into());
+        }
         if !meta.file_type().is_file() {
             return refused("not a regular file".into());
         }
