@@ -180,6 +180,23 @@ fn positive_int(var: &'static str, flag: &'static str, raw: &str, max: u64) -> R
     }
 }
 
+/// Where the default download directory lives: a base directory and the
+/// server's own directory beneath it, `downloads` below that. A user's
+/// `$XDG_RUNTIME_DIR` when it is set and absolute (private by design),
+/// otherwise a directory named for the uid in `$TMPDIR` (or `/tmp`).
+pub fn default_stream_base() -> (PathBuf, String) {
+    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).filter(|p| p.is_absolute()) {
+        return (x, "snowluma-mcp".to_owned());
+    }
+    (std::env::temp_dir(), format!("snowluma-mcp-{}", nix::unistd::geteuid().as_raw()))
+}
+
+/// The default download directory's path (see [`default_stream_base`]).
+pub fn default_stream_dir() -> PathBuf {
+    let (base, top) = default_stream_base();
+    base.join(top).join("downloads")
+}
+
 /// The HTTP endpoint, parsed (see [`crate::endpoint`]).
 pub fn http_endpoint(raw: &str) -> Result<Endpoint, EndpointError> {
     Endpoint::parse(raw, &[Scheme::Http, Scheme::Https], "http:// or https://")

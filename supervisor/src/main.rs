@@ -330,18 +330,101 @@ fn open_transfer_dirs(config: &Config) -> Result<TransferDirs, DirError> {
 }
 
 /// Create (0700) and open the download directory.
+/// The download directory, opened once; the file-transfer worker then works
+/// only through the descriptor.
+///
+/// * Configured (`SNOWLUMA_MCP_STREAM_DIR`): only its last component is
+///   created (0700); a missing parent is an error, not created from the root.
+/// * Default ([`config::default_stream_dir`]): `$XDG_RUNTIME_DIR/snowluma-mcp`
+///   or `$TMPDIR/snowluma-mcp-<uid>`, then `downloads`, each created 0700 and
+///   opened without following a symlink, beneath a base opened first.
+///
+/// Either way the directory must be owned by this user and writable by
+/// nobody else: in a shared `$TMPDIR` another user could otherwise create it
+/// first (and fill the quota, or point it elsewhere).
 fn open_download_dir(config: &Config) -> Result<(std::path::PathBuf, std::os::fd::OwnedFd), DirError> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = config.stream_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("snowluma-mcp").join("downloads"));
     let bad = |problem: String| DirError { var: "SNOWLUMA_MCP_STREAM_DIR", flag: "--stream-dir", problem };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| bad(format!("cannot be created: {e}")))?;
-    let canonical = std::fs::canonicalize(&dir).map_err(|e| bad(format!("cannot be resolved: {e}")))?;
-    let fd = open_dir(&canonical).map_err(|e| bad(format!("cannot be opened as a directory: {e}")))?;
-    Ok((canonical, fd))
+    let (path, fd) = match &config.stream_dir {
+        Some(dir) => {
+            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(bad(
+                        "cannot be created: its parent directory does not exist (only the last component is created)"
+                            .into(),
+                    ));
+                }
+                Err(e) => return Err(bad(format!("cannot be created: {e}"))),
+            }
+            let canonical = std::fs::canonicalize(dir).map_err(|e| bad(format!("cannot be resolved: {e}")))?;
+            let fd = open_dir(&canonical).map_err(|e| bad(format!("cannot be opened as a directory: {e}")))?;
+            (canonical, fd)
+        }
+        None => {
+            let (base, top) = config::default_stream_base();
+            let base = std::fs::canonicalize(&base)
+                .map_err(|e| bad(format!("(default) cannot use {}: {e}", base.display())))?;
+            let base_fd = open_dir(&base).map_err(|e| bad(format!("(default) cannot open {}: {e}", base.display())))?;
+            let top_fd = private_subdir(&base_fd, &top, true)
+                .map_err(|p| bad(format!("(default) {}: {p}", base.join(&top).display())))?;
+            let fd = private_subdir(&top_fd, "downloads", false)
+                .map_err(|p| bad(format!("(default) {}: {p}", base.join(&top).join("downloads").display())))?;
+            (base.join(top).join("downloads"), fd)
+        }
+    };
+    check_owned(&fd, false).map_err(|p| bad(format!("{}: {p}", path.display())))?;
+    Ok((path, fd))
+}
+
+/// Create (0700) or open `name` beneath `parent` without following a
+/// symlink, and check it is ours ([`check_owned`]; `private`: nobody else
+/// may even enter it).
+fn private_subdir(parent: &std::os::fd::OwnedFd, name: &str, private: bool) -> Result<std::os::fd::OwnedFd, String> {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::{Mode, mkdirat};
+    match mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+        Err(e) => return Err(format!("cannot be created: {e}")),
+    }
+    let fd = openat(
+        parent,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR => {
+            "is not a directory (a symbolic link or a file is in its place): remove it, or set SNOWLUMA_MCP_STREAM_DIR"
+                .to_owned()
+        }
+        e => format!("cannot be opened: {e}"),
+    })?;
+    check_owned(&fd, private)?;
+    Ok(fd)
+}
+
+/// The directory must belong to this process's user and be writable by
+/// nobody else (with `private`, not even readable or searchable).
+fn check_owned(fd: &std::os::fd::OwnedFd, private: bool) -> Result<(), String> {
+    let st = nix::sys::stat::fstat(fd).map_err(|e| format!("cannot be examined: {e}"))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if st.st_uid != me {
+        return Err(format!(
+            "belongs to uid {}, not to this server's user (uid {me}); another user may have created it: remove it, or set SNOWLUMA_MCP_STREAM_DIR",
+            st.st_uid
+        ));
+    }
+    let forbidden = if private { 0o077 } else { 0o022 };
+    if st.st_mode & forbidden != 0 {
+        return Err(format!(
+            "has mode {:o}, which lets other users {}; chmod it to 700",
+            st.st_mode & 0o777,
+            if private { "in" } else { "write into it" }
+        ));
+    }
+    Ok(())
 }
 
 /// Resolve and open the upload root, which must be an existing directory.

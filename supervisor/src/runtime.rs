@@ -21,7 +21,7 @@ struct Args {
 }
 
 pub fn download_dir(server: &SnowlumaServer) -> std::path::PathBuf {
-    server.config().stream_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("snowluma-mcp").join("downloads"))
+    server.config().stream_dir.clone().unwrap_or_else(crate::config::default_stream_dir)
 }
 
 pub async fn runtime_info(
