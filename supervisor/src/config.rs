@@ -137,6 +137,9 @@ pub struct Config {
     pub log: String,
     /// SNOWLUMA_MCP_LOG_PAYLOADS=1: library debug/trace lines are not capped.
     pub log_payloads: bool,
+    /// The download directory's path (the configured one, or the default,
+    /// computed at startup: the confined supervisor may not ask its uid).
+    pub stream_dir_path: PathBuf,
     /// Non-fatal notes for stderr (e.g. a mode ignored for lack of endpoint).
     pub warnings: Vec<String>,
 }
@@ -313,6 +316,7 @@ impl Config {
                 ));
             }
         };
+        let stream_dir_path = stream_dir.clone().unwrap_or_else(default_stream_dir);
         Ok(Config {
             mode,
             endpoint,
@@ -328,6 +332,7 @@ impl Config {
             deny_actions: nonempty(&cli.deny_actions),
             log: cli.log.clone(),
             log_payloads,
+            stream_dir_path,
             warnings,
         })
     }

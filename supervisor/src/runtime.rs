@@ -21,7 +21,7 @@ struct Args {
 }
 
 pub fn download_dir(server: &SnowlumaServer) -> std::path::PathBuf {
-    server.config().stream_dir.clone().unwrap_or_else(crate::config::default_stream_dir)
+    server.config().stream_dir_path.clone()
 }
 
 pub async fn runtime_info(
