@@ -132,6 +132,13 @@ pub struct SupervisorReport {
     pub no_new_privs: bool,
     pub dumpable: bool,
     pub rlimit_core_zero: bool,
+    /// Every capability set is empty after confinement.
+    pub capabilities: &'static str,
+}
+
+/// This binary's ELF interpreter, if it has one (for `doctor`'s probes).
+pub fn own_interpreter() -> Option<String> {
+    std::fs::File::open("/proc/self/exe").ok().as_ref().and_then(elf_interpreter)
 }
 
 /// The ELF interpreter (`PT_INTERP`) of the binary behind `exe`, if any.
@@ -164,30 +171,59 @@ fn open(path: &str, what: &'static str) -> Result<OwnedFd, ConfineError> {
     std::fs::File::open(path).map(OwnedFd::from).map_err(|source| ConfineError::Open { what, source })
 }
 
-/// Confine the (single-threaded) supervisor. Everything it must open later
-/// by path is either readable (any file) or `/dev/null`.
+/// Every file mapped into this process (the binary, its ELF interpreter and
+/// its shared libraries): exactly what executing this binary again loads.
+fn mapped_files() -> Vec<String> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
+    let mut files: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.starts_with('/'))
+        .map(str::to_owned)
+        .collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// Confine the (single-threaded) spawner, in its child right after the fork.
 ///
-/// Workers are forked from the supervisor after this, so they start inside
-/// its Landlock domain and can never have a right it lacks (Landlock
-/// domains only nest). The supervisor's domain is therefore the union of
-/// its workers' needs: `worker_tcp_ports` are the network executor's
-/// destinations. A supervisor with no network at all needs workers spawned
-/// from a helper forked before confinement (see ARCHITECTURE.md).
-/// `worker_write_dirs`: directories a worker must be able to write beneath
-/// (the download directory); since workers nest inside this domain, it
-/// must grant them too.
-pub fn confine_supervisor(
-    worker_tcp_ports: &[u16],
-    worker_write_dirs: &[BorrowedFd<'_>],
+/// Workers are exec'ed from the spawner, so they start inside its Landlock
+/// domain and seccomp filters and can never have a right it lacks (both
+/// only nest). Its domain is therefore the union of its workers' needs and
+/// nothing more:
+///
+/// * files: execute this binary (placed at [`policy::SPAWNER_EXE_FD`], the
+///   only descriptor `execveat` accepts) and its ELF interpreter; read the
+///   libraries mapped now (what the exec loads) and `/etc/ld.so.cache`;
+///   read and write `/dev/null` (the workers' stdin and stdout); read
+///   beneath `read_dirs` (the upload root) and write beneath `write_dirs`
+///   (the download directory). Nothing else: not `/etc/shadow`, not `/proc`.
+/// * network: TCP connect to `tcp_ports` (the endpoint's); no bind.
+/// * no capabilities (bounding, permitted, effective, inheritable and
+///   ambient sets emptied), no new privileges, not dumpable, no core dumps.
+/// * seccomp: [`policy::SPAWNER_DENY`] kills, [`policy::SPAWNER_REFUSED`]
+///   is answered `EACCES` (exec of anything else, memfd, non-TCP sockets).
+///
+/// `allow_unconfined`: a missing seccomp is reported instead of an error.
+pub fn confine_spawner(
+    tcp_ports: &[u16],
+    read_dirs: &[BorrowedFd<'_>],
+    write_dirs: &[BorrowedFd<'_>],
+    allow_unconfined: bool,
 ) -> Result<SupervisorReport, ConfineError> {
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)?;
     nix::sys::prctl::set_dumpable(false)?;
     nix::sys::prctl::set_no_new_privs()?;
+    snowluma_workers::confine::rlimits::drop_capabilities()?;
     let exe_file = std::fs::File::open("/proc/self/exe")
         .map_err(|source| ConfineError::Open { what: "/proc/self/exe", source })?;
     let interp = elf_interpreter(&exe_file);
-    let exe: OwnedFd = exe_file.into();
-    let root = open("/", "/")?;
+    place_exe(&exe_file)?;
+    drop(exe_file);
+    // SAFETY: place_exe just installed this descriptor; it stays open for
+    // the life of the spawner (it is never closed by number).
+    let exe = unsafe { BorrowedFd::borrow_raw(policy::SPAWNER_EXE_FD) };
     let devnull = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -198,33 +234,90 @@ pub fn confine_supervisor(
         Some(p) => Some(open(p, "the ELF interpreter")?),
         None => None,
     };
+    // The libraries, opened now (a file that cannot be opened is skipped:
+    // the exec then fails loudly rather than the spawner widening its grant).
+    let libs: Vec<OwnedFd> = mapped_files()
+        .into_iter()
+        .chain(std::iter::once("/etc/ld.so.cache".to_owned()))
+        .filter_map(|p| std::fs::File::open(p).ok())
+        .filter(|f| f.metadata().map(|m| m.is_file()).unwrap_or(false))
+        .map(OwnedFd::from)
+        .collect();
     let mut fs = vec![
-        FsRule { fd: root.as_fd(), access: ll::read_dir_access() },
-        FsRule { fd: exe.as_fd(), access: landlock::AccessFs::Execute | landlock::AccessFs::ReadFile },
+        FsRule { fd: exe, access: landlock::AccessFs::Execute | landlock::AccessFs::ReadFile },
         FsRule { fd: devnull.as_fd(), access: landlock::AccessFs::ReadFile | landlock::AccessFs::WriteFile },
     ];
     if let Some(fd) = &interp_fd {
         fs.push(FsRule { fd: fd.as_fd(), access: landlock::AccessFs::Execute | landlock::AccessFs::ReadFile });
     }
-    for fd in worker_write_dirs {
+    for fd in &libs {
+        fs.push(FsRule { fd: fd.as_fd(), access: landlock::AccessFs::ReadFile.into() });
+    }
+    for fd in read_dirs {
+        fs.push(FsRule { fd: *fd, access: ll::read_dir_access() });
+    }
+    for fd in write_dirs {
         fs.push(FsRule { fd: *fd, access: ll::write_dir_access() });
     }
-    let landlock = ll::restrict(&Grant { fs, connect_tcp: worker_tcp_ports.to_vec() })?;
-    Ok(SupervisorReport { landlock, seccomp: false, no_new_privs: true, dumpable: false, rlimit_core_zero: true })
+    let landlock = ll::restrict(&Grant { fs, connect_tcp: tcp_ports.to_vec() })?;
+    let seccomp = match snowluma_workers::confine::seccomp::apply_spawner() {
+        Ok(_) => true,
+        Err(_) if allow_unconfined => false,
+        Err(e) => return Err(ConfineError::Seccomp(e.to_string())),
+    };
+    Ok(SupervisorReport {
+        landlock,
+        seccomp,
+        no_new_privs: true,
+        dumpable: false,
+        rlimit_core_zero: true,
+        capabilities: "none",
+    })
+}
+
+/// Put the executable at [`policy::SPAWNER_EXE_FD`] (close-on-exec), which
+/// must be free.
+fn place_exe(exe: &std::fs::File) -> Result<(), ConfineError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_GETFD on a number only reports whether it is open.
+    if unsafe { nix::libc::fcntl(policy::SPAWNER_EXE_FD, nix::libc::F_GETFD) } >= 0 {
+        return Err(ConfineError::Open {
+            what: "the executable's descriptor",
+            source: std::io::Error::other(format!("descriptor {} is already in use", policy::SPAWNER_EXE_FD)),
+        });
+    }
+    // SAFETY: dup3 onto a number checked free just above, in this
+    // single-threaded process; the new descriptor is owned by the spawner.
+    if unsafe { nix::libc::dup3(exe.as_raw_fd(), policy::SPAWNER_EXE_FD, nix::libc::O_CLOEXEC) } < 0 {
+        return Err(ConfineError::Open {
+            what: "the executable's descriptor",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
 }
 
 /// Confine the supervisor proper, after the spawner was forked: it starts
-/// no process (the spawner does), so its domain grants no exec, no TCP and
+/// no process (the spawner does), so it keeps no capability and its domain
+/// grants no exec, no TCP and
 /// no writes — only reading files (nothing it needs is written by path: the
 /// audit log and its key were opened before this).
-pub fn confine_supervisor_strict() -> Result<SupervisorReport, ConfineError> {
+pub fn confine_supervisor() -> Result<SupervisorReport, ConfineError> {
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)?;
     nix::sys::prctl::set_dumpable(false)?;
     nix::sys::prctl::set_no_new_privs()?;
+    snowluma_workers::confine::rlimits::drop_capabilities()?;
     let root = open("/", "/")?;
     let fs = vec![FsRule { fd: root.as_fd(), access: ll::read_dir_access() }];
     let landlock = ll::restrict(&Grant { fs, connect_tcp: Vec::new() })?;
-    Ok(SupervisorReport { landlock, seccomp: false, no_new_privs: true, dumpable: false, rlimit_core_zero: true })
+    Ok(SupervisorReport {
+        landlock,
+        seccomp: false,
+        no_new_privs: true,
+        dumpable: false,
+        rlimit_core_zero: true,
+        capabilities: "none",
+    })
 }
 
 static SUMMARY: OnceLock<Value> = OnceLock::new();

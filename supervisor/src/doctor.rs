@@ -1,7 +1,7 @@
 //! `snowluma-mcp doctor`: what confinement this kernel enforces, per role,
 //! and escape probes that prove it.
 //!
-//! For every role (supervisor, catalog, network, files) the doctor starts
+//! For every role (supervisor, spawner, catalog, network, files) the doctor starts
 //! this binary in probe mode (`__snowluma-probe <role> <probe> [k=v…]`): the
 //! child confines itself exactly as that role does in service, prints its
 //! report, tries one forbidden operation and says whether it got through. A
@@ -35,39 +35,26 @@ pub fn probe_main(args: &[String]) -> ExitCode {
         return ExitCode::from(2);
     };
     let rest = args.get(2..).unwrap_or_default();
-    if role == "supervisor" {
-        let (pargs, _) = ProbeArgs::split(rest);
-        let confined = confine::confine_supervisor_strict().and_then(|mut r| {
-            snowluma_workers::confine::seccomp::apply_supervisor()
-                .map_err(|e| confine::ConfineError::Seccomp(e.to_string()))?;
-            r.seccomp = true;
-            Ok(r)
-        });
-        return match confined {
-            Ok(r) => {
-                snowluma_workers::probe_after_confinement(&serde_json::to_value(r).unwrap_or_default(), probe, &pargs)
-            }
-            Err(e) => {
-                snowluma_workers::confine::probe::emit(&json!({"error": e.to_string()}));
-                ExitCode::from(3)
-            }
-        };
-    }
-    if role == "spawner" {
+    if role == "supervisor" || role == "spawner" {
+        // The same entry points, in the same order, as in service (main.rs).
         let (pargs, grant_args) = ProbeArgs::split(rest);
-        let ports: Vec<u16> = match snowluma_workers::confine::Grants::from_args(Role::Catalog, &grant_args) {
-            Ok(g) => g.tcp_ports,
-            Err(e) => {
-                eprintln!("snowluma-mcp: {e}");
-                return ExitCode::from(2);
-            }
+        let confined = if role == "supervisor" {
+            confine::confine_supervisor().and_then(|mut r| {
+                snowluma_workers::confine::seccomp::apply_supervisor()
+                    .map_err(|e| confine::ConfineError::Seccomp(e.to_string()))?;
+                r.seccomp = true;
+                Ok(r)
+            })
+        } else {
+            let ports: Vec<u16> = match snowluma_workers::confine::Grants::from_args(Role::Catalog, &grant_args) {
+                Ok(g) => g.tcp_ports,
+                Err(e) => {
+                    eprintln!("snowluma-mcp: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            confine::confine_spawner(&ports, &[], &[], false)
         };
-        let confined = confine::confine_supervisor(&ports, &[]).and_then(|mut r| {
-            snowluma_workers::confine::seccomp::apply_spawner()
-                .map_err(|e| confine::ConfineError::Seccomp(e.to_string()))?;
-            r.seccomp = true;
-            Ok(r)
-        });
         return match confined {
             Ok(r) => {
                 snowluma_workers::probe_after_confinement(&serde_json::to_value(r).unwrap_or_default(), probe, &pargs)
@@ -102,6 +89,12 @@ struct Setup {
     download: PathBuf,
     endpoint: TcpListener,
     other: TcpListener,
+    /// A UDP socket the datagram probe aims at.
+    udp: std::net::UdpSocket,
+    /// A listening pathname unix socket the connect probe aims at.
+    unix: std::os::unix::net::UnixListener,
+    /// This binary's ELF interpreter, which the spawner may execute.
+    interpreter: Option<String>,
     sibling: Option<std::process::Child>,
 }
 
@@ -115,6 +108,9 @@ impl Setup {
         std::fs::write(upload.join("probe.txt"), b"probe")?;
         let endpoint = TcpListener::bind("127.0.0.1:0")?;
         let other = TcpListener::bind("127.0.0.1:0")?;
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let unix = std::os::unix::net::UnixListener::bind(dir.join("probe.sock"))?;
+        let interpreter = confine::own_interpreter();
         // A sibling process outside every probe's domain, to signal and trace.
         let sibling = Command::new("/bin/sleep")
             .arg("60")
@@ -123,7 +119,13 @@ impl Setup {
             .stderr(Stdio::null())
             .spawn()
             .ok();
-        Ok(Setup { dir, upload, download, endpoint, other, sibling })
+        Ok(Setup { dir, upload, download, endpoint, other, udp, unix, interpreter, sibling })
+    }
+    fn udp_port(&self) -> u16 {
+        self.udp.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+    fn unix_path(&self) -> PathBuf {
+        self.unix.local_addr().ok().and_then(|a| a.as_pathname().map(Path::to_path_buf)).unwrap_or_default()
     }
     fn port(l: &TcpListener) -> u16 {
         l.local_addr().map(|a| a.port()).unwrap_or(0)
@@ -153,11 +155,10 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
     let pid = format!("pid={}", s.sibling_pid());
     let outside = format!("path={}", s.dir.join(format!("outside-{role}")).display());
     let mut v = Vec::new();
-    if role != "supervisor" && role != "spawner" {
-        // The supervisor and the spawner may read files (they are denied
-        // writes, and the supervisor also exec and network).
-        v.push(forbidden(Probe::ReadEtcPasswd, vec![], "read /etc/passwd"));
-    }
+    // No role reads files it was not granted: the supervisor opens nothing
+    // by path after startup, the spawner only its binary and libraries.
+    v.push(forbidden(Probe::ReadEtcPasswd, vec![], "read /etc/passwd"));
+    v.push(forbidden(Probe::ReadEtcShadow, vec![], "read /etc/shadow"));
     v.push(forbidden(Probe::WriteOutside, vec![outside], "create a file outside its roots"));
     match role {
         "network" => {
@@ -181,6 +182,7 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
                 vec![format!("port={endpoint_port}")],
                 "connect over TCP (even to the endpoint's port)",
             ));
+            v.push(forbidden(Probe::NewSocket, vec![], "open a new socket"));
         }
         "spawner" => {
             // Its domain must contain the network executor's (workers nest
@@ -190,12 +192,20 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
                 vec![format!("port={other_port}")],
                 "connect to a port other than the endpoint's",
             ));
+            v.push(forbidden(Probe::NewSocket, vec![], "open a unix socket"));
         }
         _ => {
             v.push(forbidden(Probe::Connect, vec![format!("port={endpoint_port}")], "connect over TCP"));
             v.push(forbidden(Probe::NewSocket, vec![], "open a new socket"));
         }
     }
+    v.push(forbidden(Probe::UdpSend, vec![format!("port={}", s.udp_port())], "send a UDP datagram"));
+    v.push(forbidden(
+        Probe::UnixConnect,
+        vec![format!("path={}", s.unix_path().display())],
+        "connect to a pathname unix socket",
+    ));
+    v.push(forbidden(Probe::PacketSocket, vec![], "open a raw AF_PACKET socket"));
     if role == "files" {
         v.push(forbidden(
             Probe::WriteOutside,
@@ -216,6 +226,10 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
         });
     }
     v.push(forbidden(Probe::ExecShell, vec![], "exec /bin/sh"));
+    if let Some(interp) = &s.interpreter {
+        v.push(forbidden(Probe::ExecLoader, vec![format!("path={interp}")], "run /bin/sh through the ELF interpreter"));
+    }
+    v.push(forbidden(Probe::MemfdExec, vec![], "execute a program written into a memfd"));
     v.push(forbidden(Probe::Signal, vec![pid.clone()], "signal a sibling process"));
     v.push(forbidden(Probe::Ptrace, vec![pid], "ptrace a sibling process"));
     v
@@ -295,7 +309,7 @@ fn parse_run(out: std::process::Output) -> Run {
 }
 
 /// `(escaped, how)` of a finished probe.
-fn verdict(run: &Run) -> (Option<bool>, String) {
+fn verdict(probe: Probe, run: &Run) -> (Option<bool>, String) {
     if let Some(sig) = run.status.signal() {
         let how = if sig == nix::libc::SIGSYS {
             "killed by seccomp (SIGSYS)".to_owned()
@@ -309,6 +323,15 @@ fn verdict(run: &Run) -> (Option<bool>, String) {
     }
     if let Some(e) = &run.error {
         return (None, format!("could not confine: {e}"));
+    }
+    if probe == Probe::ExecLoader
+        && run.outcome.is_none()
+        && run.report.is_some()
+        && let Some(code) = run.status.code()
+    {
+        // The interpreter itself may start (it loads this binary), but it
+        // could read no other program to run.
+        return (Some(false), format!("the interpreter could not run /bin/sh (exit status {code})"));
     }
     match &run.outcome {
         Some(o) => {
@@ -349,7 +372,7 @@ pub fn run(as_json: bool) -> ExitCode {
                     {
                         report = rep.clone();
                     }
-                    verdict(&r)
+                    verdict(case.probe, &r)
                 }
                 Err(e) => (None, format!("could not start the probe: {e}")),
             };

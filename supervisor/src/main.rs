@@ -27,7 +27,7 @@ use snowluma_proto::{NetworkConfig, Role, WORKER_ARG, WorkerConfig};
 
 use crate::config::{Cli, Config};
 use crate::server::{SnowlumaServer, Workers};
-use crate::workers::{Attach, ChannelDir, SelfExe, SpawnSpec, WorkerSlot};
+use crate::workers::{Attach, ChannelDir, SpawnSpec, WorkerSlot};
 
 /// Diagnostics on stderr. `filter` is SNOWLUMA_MCP_LOG (validated at
 /// startup), optionally prefixed with [`config::LOG_PAYLOADS_PREFIX`] on a
@@ -175,26 +175,20 @@ fn main() -> ExitCode {
     // Name resolution needs /etc and sockets, which the confined supervisor
     // and executor lack: resolve the endpoint's host now.
     let resolved = resolve_endpoint(config.endpoint.as_deref());
+    let read_dirs: Vec<std::os::fd::BorrowedFd<'_>> = transfer_dirs
+        .iter()
+        .filter_map(|d| d.upload_root.as_ref().map(|(_, _, fd)| std::os::fd::AsFd::as_fd(&**fd)))
+        .collect();
     // The spawner: forked now, while single-threaded and unconfined, it
-    // takes the workers' union domain (exec of this binary, TCP to the
-    // endpoint's ports, writes beneath the download directory), so that the
-    // supervisor below can give up all three.
-    let exe = match SelfExe::open() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("snowluma-mcp: cannot open its own executable: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    // takes the workers' union domain (exec of this binary only, TCP to the
+    // endpoint's ports, reads beneath the upload root, writes beneath the
+    // download directory, no capability), so that the supervisor below can
+    // give up all of it.
     let ports = grants.network_ports.clone();
     let (spawner_sock, spawner_pid) =
-        match spawner::fork(&exe, || match confine::confine_supervisor(&ports, &write_dirs) {
+        match spawner::fork(|| match confine::confine_spawner(&ports, &read_dirs, &write_dirs, degraded_ok) {
             Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => {
-                match snowluma_workers::confine::seccomp::apply_spawner() {
-                    Ok(_) => Ok(()),
-                    Err(_) if degraded_ok => Ok(()),
-                    Err(e) => Err(format!("the spawner cannot install its seccomp filter: {e}")),
-                }
+                Ok(())
             }
             Ok(r) => Err(format!("the spawner's Landlock domain is {}", r.landlock.status.as_str())),
             Err(_) if degraded_ok => Ok(()),
@@ -206,8 +200,8 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-    drop(exe);
-    let supervisor_report = match confine::confine_supervisor_strict() {
+    drop(read_dirs);
+    let supervisor_report = match confine::confine_supervisor() {
         Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => Some(r),
         Ok(r) => {
             eprintln!(

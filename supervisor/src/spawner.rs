@@ -18,13 +18,12 @@
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use serde::{Deserialize, Serialize};
 use snowluma_proto::{Role, WORKER_ARG};
+use snowluma_workers::confine::policy;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
@@ -96,11 +95,10 @@ fn recv<T: for<'de> Deserialize<'de>>(fd: RawFd) -> Result<Option<(T, Vec<OwnedF
 
 /// Fork the spawner. Must be called while the process is single-threaded
 /// (before the runtime). `confine` runs in the child before it serves and
-/// must give it the workers' union domain. Returns the supervisor's end.
-pub fn fork(
-    exe: &crate::workers::SelfExe,
-    confine: impl FnOnce() -> Result<(), String>,
-) -> Result<(OwnedFd, nix::unistd::Pid), SpawnerError> {
+/// must give it the workers' union domain and place its own executable at
+/// [`policy::SPAWNER_EXE_FD`] (see `confine::confine_spawner`). Returns the
+/// supervisor's end.
+pub fn fork(confine: impl FnOnce() -> Result<(), String>) -> Result<(OwnedFd, nix::unistd::Pid), SpawnerError> {
     let (ours, theirs) = snowluma_proto::fdpass::pair()?;
     // SAFETY: the process is single-threaded here (no runtime yet), so the
     // child may run arbitrary code; it never returns into the caller.
@@ -111,7 +109,7 @@ pub fn fork(
         }
         nix::unistd::ForkResult::Child => {
             drop(ours);
-            let code = match child_main(theirs, exe, confine) {
+            let code = match child_main(theirs, confine) {
                 Ok(()) => 0,
                 Err(e) => {
                     tracing::error!(error = %e, "spawner stopped");
@@ -123,11 +121,32 @@ pub fn fork(
     }
 }
 
-fn child_main(
-    sock: OwnedFd,
-    exe: &crate::workers::SelfExe,
-    confine: impl FnOnce() -> Result<(), String>,
-) -> Result<(), SpawnerError> {
+/// A worker the spawner started and has not reaped yet.
+struct Child {
+    pid: nix::unistd::Pid,
+}
+
+impl Child {
+    fn kill(&self) {
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
+    }
+    /// `Some((code, signal))` once it has exited (and is reaped).
+    fn try_wait(&self) -> Option<(Option<i32>, Option<i32>)> {
+        use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+        match waitpid(self.pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => Some((Some(code), None)),
+            Ok(WaitStatus::Signaled(_, sig, _)) => Some((None, Some(sig as i32))),
+            Ok(_) => None,
+            // Already reaped or never ours: report it gone.
+            Err(_) => Some((None, None)),
+        }
+    }
+    fn wait(&self) {
+        let _ = nix::sys::wait::waitpid(self.pid, None);
+    }
+}
+
+fn child_main(sock: OwnedFd, confine: impl FnOnce() -> Result<(), String>) -> Result<(), SpawnerError> {
     let _ = nix::sys::prctl::set_name(c"snowluma-spawner");
     // The client's stdin and stdout are the supervisor's alone.
     let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
@@ -143,12 +162,7 @@ fn child_main(
     // Confine first (the grants are descriptors, e.g. the download
     // directory), then keep only stderr, the socket and the executable.
     confine().map_err(SpawnerError::Protocol)?;
-    // The executable moves above every worker descriptor target (the IPC
-    // socket goes to 3, which it might otherwise occupy).
-    let high = nix::fcntl::fcntl(exe.fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64))?;
-    let exe_path = format!("/proc/self/fd/{high}");
-    // Keep only stderr, the socket and the executable.
-    let keep = [sock.as_raw_fd(), high];
+    let keep = [sock.as_raw_fd(), policy::SPAWNER_EXE_FD];
     for fd in 3..1024 {
         if !keep.contains(&fd) {
             // SAFETY: closing descriptors this fresh child inherited; the
@@ -157,7 +171,7 @@ fn child_main(
         }
     }
 
-    let mut children: HashMap<i32, std::process::Child> = HashMap::new();
+    let mut children: HashMap<i32, Child> = HashMap::new();
     let raw = sock.as_raw_fd();
     loop {
         let mut pfd = [nix::poll::PollFd::new(sock.as_fd(), nix::poll::PollFlags::POLLIN)];
@@ -165,9 +179,9 @@ fn child_main(
         if ready > 0 {
             match recv::<ToSpawner>(raw) {
                 Ok(Some((ToSpawner::Spawn { req, role, log_filter, grant_args, targets }, fds))) => {
-                    let reply = match spawn(&exe_path, role, &log_filter, &grant_args, &targets, &fds) {
+                    let reply = match spawn(role, &log_filter, &grant_args, &targets, &fds) {
                         Ok(child) => {
-                            let pid = child.id() as i32;
+                            let pid = child.pid.as_raw();
                             children.insert(pid, child);
                             FromSpawner::Spawned { req, pid }
                         }
@@ -180,8 +194,8 @@ fn child_main(
                     }
                 }
                 Ok(Some((ToSpawner::Kill { pid }, _))) => {
-                    if let Some(c) = children.get_mut(&pid) {
-                        let _ = c.kill();
+                    if let Some(c) = children.get(&pid) {
+                        c.kill();
                     }
                 }
                 Ok(None) | Err(_) => {
@@ -192,14 +206,14 @@ fn child_main(
             }
         }
         let mut exited = Vec::new();
-        for (pid, c) in children.iter_mut() {
-            if let Ok(Some(status)) = c.try_wait() {
+        for (pid, c) in children.iter() {
+            if let Some(status) = c.try_wait() {
                 exited.push((*pid, status));
             }
         }
-        for (pid, status) in exited {
+        for (pid, (code, signal)) in exited {
             children.remove(&pid);
-            if !deliver(sock.as_fd(), &FromSpawner::Exited { pid, code: status.code(), signal: status.signal() })? {
+            if !deliver(sock.as_fd(), &FromSpawner::Exited { pid, code, signal })? {
                 reap_all(&mut children);
                 return Ok(());
             }
@@ -218,21 +232,28 @@ fn deliver(sock: BorrowedFd<'_>, msg: &FromSpawner) -> Result<bool, SpawnerError
 }
 
 /// Stop and reap every worker (the supervisor is gone, so are they).
-fn reap_all(children: &mut HashMap<i32, std::process::Child>) {
-    for c in children.values_mut() {
-        let _ = c.kill();
-        let _ = c.wait();
+fn reap_all(children: &mut HashMap<i32, Child>) {
+    for c in children.values() {
+        c.kill();
+        c.wait();
     }
 }
 
+fn cstring(s: &str) -> Result<std::ffi::CString, SpawnerError> {
+    std::ffi::CString::new(s).map_err(|_| SpawnerError::Protocol("a worker argument contains NUL".into()))
+}
+
+/// Start a worker: fork, place its descriptors, and execute this binary
+/// through [`policy::SPAWNER_EXE_FD`] (`execveat` with `AT_EMPTY_PATH`, the
+/// only exec the spawner's filter allows) with an empty environment.
 fn spawn(
-    exe_path: &str,
     role: Role,
     log_filter: &str,
     grant_args: &[String],
     targets: &[i32],
     fds: &[OwnedFd],
-) -> Result<std::process::Child, SpawnerError> {
+) -> Result<Child, SpawnerError> {
+    use nix::libc;
     if targets.len() != fds.len() {
         return Err(SpawnerError::Protocol("descriptor count mismatch".into()));
     }
@@ -244,35 +265,66 @@ fn spawn(
         moved.push(unsafe { OwnedFd::from_raw_fd(raw) });
     }
     let plan: Vec<(i32, i32)> = targets.iter().copied().zip(moved.iter().map(|f| f.as_raw_fd())).collect();
-    let mut cmd = std::process::Command::new(exe_path);
-    cmd.arg0("snowluma-mcp")
-        .arg(WORKER_ARG)
-        .arg(role.as_str())
-        .arg(log_filter)
-        .args(grant_args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    // SAFETY: runs in the forked child before exec; only async-signal-safe
-    // calls (close_range, dup2) on descriptors it owns; the plan was built
-    // before fork, so nothing is allocated.
-    unsafe {
-        cmd.pre_exec(move || {
-            use nix::libc;
-            const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-            let _ = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
-            for (target, src) in &plan {
-                if libc::dup2(*src, *target) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
+    // Everything the child needs is allocated before the fork.
+    let mut args = vec![cstring("snowluma-mcp")?, cstring(WORKER_ARG)?, cstring(role.as_str())?, cstring(log_filter)?];
+    for a in grant_args {
+        args.push(cstring(a)?);
     }
-    let child = cmd.spawn()?;
-    drop(moved);
-    Ok(child)
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    // Reports an exec failure (errno) to us; closed by a successful exec.
+    let (err_rd, err_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // SAFETY: the spawner is single-threaded; the child only makes
+    // async-signal-safe calls (close_range, dup2, execveat, write, _exit)
+    // on memory and descriptors prepared above, and never returns.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => {
+            // SAFETY: as above; every pointer is valid until exec or _exit.
+            unsafe {
+                const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+                let _ = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
+                let mut ok = true;
+                for (target, src) in &plan {
+                    if libc::dup2(*src, *target) < 0 {
+                        ok = false;
+                        break;
+                    }
+                }
+                if ok {
+                    libc::syscall(
+                        libc::SYS_execveat,
+                        policy::SPAWNER_EXE_FD,
+                        c"".as_ptr(),
+                        argv.as_ptr(),
+                        envp.as_ptr(),
+                        libc::AT_EMPTY_PATH,
+                    );
+                }
+                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                let bytes = errno.to_ne_bytes();
+                libc::write(err_wr.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+                libc::_exit(127);
+            }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(err_wr);
+            drop(moved);
+            let mut buf = [0u8; 4];
+            let n = loop {
+                match nix::unistd::read(&err_rd, &mut buf) {
+                    Err(nix::Error::EINTR) => continue,
+                    other => break other.unwrap_or(0),
+                }
+            };
+            if n == buf.len() {
+                let _ = nix::sys::wait::waitpid(child, None);
+                let e = std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf));
+                return Err(SpawnerError::Io(std::io::Error::new(e.kind(), format!("executing the worker: {e}"))));
+            }
+            Ok(Child { pid: child })
+        }
+    }
 }
 
 // ---------------------------------------------------------------- the supervisor's client

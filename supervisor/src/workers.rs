@@ -1,7 +1,7 @@
 //! Worker lifecycle and the supervisor side of IPC, generic over roles.
 //!
 //! Each [`WorkerSlot`] owns one role: it spawns the worker (our own binary,
-//! executed through a descriptor opened at startup, with an empty
+//! executed by the spawner through the descriptor it opened at startup, with an empty
 //! environment and only the IPC socket on descriptor 3), performs the
 //! handshake and configuration, routes replies and progress by request id,
 //! and restarts the worker with backoff when it dies. Calls in flight when a
@@ -42,23 +42,6 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A worker that lived this long resets the backoff.
 const HEALTHY_AFTER: Duration = Duration::from_secs(30);
-
-/// Our own executable, opened once at startup so that restarts execute the
-/// same binary even if the file on disk is replaced by an upgrade.
-#[derive(Debug)]
-pub struct SelfExe {
-    fd: OwnedFd,
-}
-
-impl SelfExe {
-    pub fn open() -> std::io::Result<SelfExe> {
-        let f = std::fs::File::open("/proc/self/exe")?;
-        Ok(SelfExe { fd: f.into() })
-    }
-    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(&self.fd)
-    }
-}
 
 struct Pending {
     reply: oneshot::Sender<Result<Reply, CallError>>,

@@ -34,16 +34,28 @@ fn doctor_blocks_every_escape_probe_for_every_role() {
         assert_eq!(c["landlock"]["status"], "fully_enforced", "{r:#}");
         assert_eq!(c["no_new_privs"], true, "{r:#}");
         assert_eq!(c["dumpable"], false, "{r:#}");
-        if r["role"] != "spawner" {
-            assert_eq!(c["seccomp"], true, "{r:#}");
-        }
+        assert_eq!(c["seccomp"], true, "{r:#}");
         let probes = r["probes"].as_array().unwrap();
         for p in probes {
             assert_eq!(p["pass"], true, "{}: {p}", r["role"]);
         }
-        // Every role was really asked to exec a shell and signal a sibling.
+        // Every role was really asked what an attacker tries first.
         let names: Vec<&str> = probes.iter().map(|p| p["probe"].as_str().unwrap()).collect();
-        for must in ["exec-shell", "signal", "ptrace", "write-outside", "connect"] {
+        for must in [
+            "exec-shell",
+            "exec-loader",
+            "memfd-exec",
+            "signal",
+            "ptrace",
+            "write-outside",
+            "read-etc-passwd",
+            "read-etc-shadow",
+            "connect",
+            "new-socket",
+            "udp-send",
+            "unix-connect",
+            "packet-socket",
+        ] {
             assert!(names.contains(&must), "{} lacks the {must} probe", r["role"]);
         }
     }
@@ -99,6 +111,35 @@ fn running_workers_have_no_new_privs_and_a_seccomp_filter_on_every_thread() {
         assert_eq!(c["workers"][role]["seccomp"], true, "{c:#}");
         assert_eq!(c["workers"][role]["landlock"]["status"], "fully_enforced", "{c:#}");
     }
+}
+
+/// The spawner is forked from the supervisor; both run with no capability
+/// at all (even when started by root), no new privileges and a seccomp
+/// filter.
+#[test]
+fn the_supervisor_and_the_spawner_keep_no_capability() {
+    let mut s = Mcp::spawn(&[("SNOWLUMA_MCP_ENDPOINT", "http://127.0.0.1:9/")]);
+    s.initialize("2025-11-25");
+    assert!(!is_error(&s.call("list_categories", json!({}))));
+    let supervisor = s.child.id() as i32;
+    let spawner = s
+        .worker_pids()
+        .into_iter()
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .is_ok_and(|st| st.split_whitespace().nth(3) == Some(&supervisor.to_string()))
+        })
+        .expect("the spawner is the supervisor's child");
+    for (name, pid) in [("supervisor", supervisor), ("spawner", spawner)] {
+        for caps in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
+            assert_eq!(status_field(pid, caps).trim_start_matches('0'), "", "{name} keeps {caps}");
+        }
+        assert_eq!(status_field(pid, "NoNewPrivs"), "1", "{name}");
+        assert_eq!(status_field(pid, "Seccomp"), "2", "{name}");
+    }
+    // The workers the spawner starts through its descriptor still serve.
+    let r = s.call("query_action", json!({"action": "get_status"}));
+    assert_eq!(structured(&r)["diagnostics"]["kind"], "transport", "{r}");
 }
 
 /// Readable, writable mappings of a process (its heap and stacks).

@@ -293,6 +293,82 @@ pub const SPAWNER_DENY: &[Allow] = &[
     any("setgid", libc::SYS_setgid),
 ];
 
+/// The descriptor on which the spawner holds its own executable: the only
+/// program it (or anything it starts) may execute, with
+/// `execveat(SPAWNER_EXE_FD, "", …, AT_EMPTY_PATH)`.
+pub const SPAWNER_EXE_FD: i32 = 200;
+
+/// What the spawner (and, since filters survive exec, every worker) is
+/// refused with `EACCES` instead of killed, so that an attempt is an error
+/// a probe can report:
+///
+/// * `execve` of anything, and `execveat` unless it is the spawner's own
+///   executable descriptor with `AT_EMPTY_PATH` (an absolute path would
+///   ignore the descriptor; Landlock then grants execution of nothing but
+///   this binary and its ELF interpreter, and no file the interpreter could
+///   run: reading is limited to the binary and its libraries);
+/// * `memfd_create` (an anonymous executable file Landlock cannot see);
+/// * `socket` of any kind but a TCP stream (`AF_INET`/`AF_INET6`,
+///   `SOCK_STREAM`, protocol 0 or `IPPROTO_TCP`: the network executor's;
+///   Landlock limits its ports): no UDP, no unix socket to connect to a
+///   path, no raw or packet socket;
+/// * `socketpair` unless a unix stream or seqpacket pair (the workers' IPC
+///   and their runtimes' wake-up pairs; a datagram pair could `sendto` a
+///   path).
+pub const SPAWNER_REFUSED: &[Allow] = &[
+    any("execve", libc::SYS_execve),
+    only(
+        "execveat",
+        libc::SYS_execveat,
+        &[&[Cmp::Ne(0, SPAWNER_EXE_FD as u64)], &[Cmp::Ne(4, libc::AT_EMPTY_PATH as u64)]],
+    ),
+    any("memfd_create", libc::SYS_memfd_create),
+    only(
+        "socket",
+        libc::SYS_socket,
+        &[
+            &[Cmp::Ne(0, libc::AF_INET as u64), Cmp::Ne(0, libc::AF_INET6 as u64)],
+            &[Cmp::Ne(2, 0), Cmp::Ne(2, libc::IPPROTO_TCP as u64)],
+            sock_type(0),
+            sock_type(2),
+            sock_type(3),
+            sock_type(4),
+            sock_type(5),
+            sock_type(6),
+            sock_type(7),
+            sock_type(8),
+            sock_type(9),
+            sock_type(10),
+            sock_type(11),
+            sock_type(12),
+            sock_type(13),
+            sock_type(14),
+            sock_type(15),
+        ],
+    ),
+    only(
+        "socketpair",
+        libc::SYS_socketpair,
+        &[
+            &[Cmp::Ne(0, libc::AF_UNIX as u64)],
+            sock_type(0),
+            sock_type(2),
+            sock_type(3),
+            sock_type(4),
+            sock_type(6),
+            sock_type(7),
+            sock_type(8),
+            sock_type(9),
+            sock_type(10),
+            sock_type(11),
+            sock_type(12),
+            sock_type(13),
+            sock_type(14),
+            sock_type(15),
+        ],
+    ),
+];
+
 /// The task store is not built yet; until it is, it gets the base only.
 pub const TASKS: &[Allow] = &[];
 
@@ -353,6 +429,7 @@ const NETWORK_REFUSED: &[Allow] = &[
         libc::SYS_socket,
         &[
             &[Cmp::Ne(0, libc::AF_INET as u64), Cmp::Ne(0, libc::AF_INET6 as u64)],
+            &[Cmp::Ne(2, 0), Cmp::Ne(2, libc::IPPROTO_TCP as u64)],
             sock_type(0),
             sock_type(2),
             sock_type(3),

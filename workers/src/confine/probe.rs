@@ -39,10 +39,24 @@ pub enum Probe {
     /// Open a file named `name=` beneath descriptor 4 for reading (a positive
     /// control for the file-transfer worker's upload root).
     ReadGranted,
+    /// Open `/etc/shadow` for reading (root reads it without any capability).
+    ReadEtcShadow,
+    /// A UDP datagram to `127.0.0.1:port=` (`socket` + `sendto`).
+    UdpSend,
+    /// Connect to the unix socket at `path=` (a pathname socket).
+    UnixConnect,
+    /// Run `/bin/sh` through the ELF interpreter at `path=`: `execve` of the
+    /// interpreter, then `execveat` of it by absolute path beside the
+    /// spawner's executable descriptor.
+    ExecLoader,
+    /// `memfd_create`, write a tiny program into it, `execveat` it.
+    MemfdExec,
+    /// A raw `AF_PACKET` socket (needs `CAP_NET_RAW`).
+    PacketSocket,
 }
 
 impl Probe {
-    pub const ALL: [Probe; 8] = [
+    pub const ALL: [Probe; 14] = [
         Probe::ReadEtcPasswd,
         Probe::WriteOutside,
         Probe::Connect,
@@ -51,6 +65,12 @@ impl Probe {
         Probe::Signal,
         Probe::Ptrace,
         Probe::ReadGranted,
+        Probe::ReadEtcShadow,
+        Probe::UdpSend,
+        Probe::UnixConnect,
+        Probe::ExecLoader,
+        Probe::MemfdExec,
+        Probe::PacketSocket,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +83,12 @@ impl Probe {
             Probe::Signal => "signal",
             Probe::Ptrace => "ptrace",
             Probe::ReadGranted => "read-granted",
+            Probe::ReadEtcShadow => "read-etc-shadow",
+            Probe::UdpSend => "udp-send",
+            Probe::UnixConnect => "unix-connect",
+            Probe::ExecLoader => "exec-loader",
+            Probe::MemfdExec => "memfd-exec",
+            Probe::PacketSocket => "packet-socket",
         }
     }
 
@@ -115,6 +141,112 @@ fn result<T>(probe: Probe, r: Result<T, String>) -> Outcome {
     match r {
         Ok(_) => Outcome { probe: probe.as_str(), escaped: true, error: None },
         Err(e) => Outcome { probe: probe.as_str(), escaped: false, error: Some(e) },
+    }
+}
+
+/// A program of 132 bytes that exits with [`EXEC_MARKER`]: a static ELF
+/// with one loadable segment, written into a memfd by [`Probe::MemfdExec`].
+pub fn exit_marker_elf() -> Option<Vec<u8>> {
+    let (machine, code): (u16, Vec<u8>) = if cfg!(target_arch = "x86_64") {
+        // mov edi, 97; mov eax, 60 (exit); syscall
+        (0x3e, vec![0xbf, 97, 0, 0, 0, 0xb8, 60, 0, 0, 0, 0x0f, 0x05])
+    } else if cfg!(target_arch = "aarch64") {
+        // mov x0, #97; mov x8, #93 (exit); svc #0
+        (0xb7, [0xd280_0c20u32, 0xd280_0ba8, 0xd400_0001].iter().flat_map(|i| i.to_le_bytes()).collect())
+    } else {
+        return None;
+    };
+    let base: u64 = 0x40_0000;
+    let size = (64 + 56 + code.len()) as u64;
+    let mut e = Vec::with_capacity(size as usize);
+    e.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+    e.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    e.extend_from_slice(&machine.to_le_bytes());
+    e.extend_from_slice(&1u32.to_le_bytes());
+    e.extend_from_slice(&(base + 120).to_le_bytes()); // entry: the code
+    e.extend_from_slice(&64u64.to_le_bytes()); // program headers
+    e.extend_from_slice(&0u64.to_le_bytes()); // no sections
+    e.extend_from_slice(&0u32.to_le_bytes());
+    for v in [64u16, 56, 1, 64, 0, 0] {
+        e.extend_from_slice(&v.to_le_bytes());
+    }
+    e.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    e.extend_from_slice(&5u32.to_le_bytes()); // R + X
+    for v in [0, base, base, size, size, 0x1000] {
+        e.extend_from_slice(&v.to_le_bytes());
+    }
+    e.extend_from_slice(&code);
+    Some(e)
+}
+
+fn os_err<T>() -> Result<T, String> {
+    Err(std::io::Error::last_os_error().to_string())
+}
+
+/// `execveat(fd, path, argv, [], flags)`; returns only on failure.
+fn execveat(fd: i32, path: &std::ffi::CStr, argv: &[&std::ffi::CStr], flags: i32) -> Result<(), String> {
+    use nix::libc;
+    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let envp = [std::ptr::null::<libc::c_char>()];
+    // SAFETY: path, argv and envp are NUL-terminated and outlive the call;
+    // on success the call never returns.
+    unsafe { libc::syscall(libc::SYS_execveat, fd, path.as_ptr(), ptrs.as_ptr(), envp.as_ptr(), flags) };
+    os_err()
+}
+
+fn socket(domain: i32, ty: i32, proto: i32) -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: socket(2) takes no pointers; the descriptor is owned at once.
+    let fd = unsafe { nix::libc::socket(domain, ty | nix::libc::SOCK_CLOEXEC, proto) };
+    if fd < 0 {
+        return os_err();
+    }
+    // SAFETY: fd was just returned by socket() and is owned here.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+fn extra_probe(probe: Probe, args: &ProbeArgs) -> Result<(), String> {
+    use nix::libc;
+    use std::os::fd::AsRawFd;
+    match probe {
+        Probe::ReadEtcShadow => std::fs::File::open("/etc/shadow").map(drop).map_err(|e| e.to_string()),
+        Probe::UdpSend => {
+            let s = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
+            s.send_to(b"probe", (Ipv4Addr::LOCALHOST, args.port.unwrap_or(9))).map(drop).map_err(|e| e.to_string())
+        }
+        Probe::UnixConnect => {
+            let s = socket(libc::AF_UNIX, libc::SOCK_STREAM, 0)?;
+            let path = args.path.clone().unwrap_or_else(|| "/run/systemd/private".into());
+            let addr = nix::sys::socket::UnixAddr::new(path.as_str()).map_err(|e| e.to_string())?;
+            nix::sys::socket::connect(s.as_raw_fd(), &addr).map_err(|e| e.to_string())
+        }
+        Probe::ExecLoader => {
+            let interp = args.path.clone().unwrap_or_else(|| "/lib64/ld-linux-x86-64.so.2".into());
+            let interp = std::ffi::CString::new(interp).map_err(|_| "bad path".to_owned())?;
+            let argv = [interp.as_c_str(), c"/bin/sh", c"-c", c"exit 97"];
+            let first = execveat(libc::AT_FDCWD, &interp, &argv, 0);
+            // An absolute path with AT_EMPTY_PATH beside the one descriptor
+            // the spawner may execute: the path wins over the descriptor.
+            let second = execveat(super::policy::SPAWNER_EXE_FD, &interp, &argv, libc::AT_EMPTY_PATH);
+            Err(format!("{}; {}", first.err().unwrap_or_default(), second.err().unwrap_or_default()))
+        }
+        Probe::MemfdExec => {
+            let elf = exit_marker_elf().ok_or("no test program for this architecture")?;
+            // SAFETY: the name is a valid C string; the descriptor is owned below.
+            let fd = unsafe { libc::memfd_create(c"probe".as_ptr(), libc::MFD_CLOEXEC) };
+            if fd < 0 {
+                return os_err();
+            }
+            // SAFETY: fd was just returned by memfd_create and is owned here.
+            let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            std::io::Write::write_all(&mut &file, &elf).map_err(|e| e.to_string())?;
+            execveat(file.as_raw_fd(), c"", &[c"probe"], libc::AT_EMPTY_PATH)
+        }
+        Probe::PacketSocket => {
+            socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from((libc::ETH_P_ALL as u16).to_be())).map(drop)
+        }
+        _ => Err("not an extra probe".into()),
     }
 }
 
@@ -192,6 +324,7 @@ pub fn run(probe: Probe, args: &ProbeArgs) -> Outcome {
                 }
             }
         }
+        other => extra_probe(other, args),
     };
     result(probe, r)
 }
@@ -202,5 +335,44 @@ pub fn emit<T: Serialize>(v: &T) {
     if let Ok(s) = serde_json::to_string(v) {
         let _ = writeln!(out, "{s}");
         let _ = out.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// The probes must be able to escape where nothing confines them, or a
+    /// blocked probe proves nothing: these run in the (unconfined) test
+    /// process.
+    #[test]
+    fn unconfined_the_network_probes_get_through() {
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let args = ProbeArgs { port: Some(udp.local_addr().unwrap().port()), ..ProbeArgs::default() };
+        assert!(run(Probe::UdpSend, &args).escaped);
+        let dir = std::env::temp_dir().join(format!("snowluma-probe-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let args = ProbeArgs { path: Some(path.display().to_string()), ..ProbeArgs::default() };
+        assert!(run(Probe::UnixConnect, &args).escaped);
+        std::fs::remove_dir_all(&dir).ok();
+        // Only root (CAP_NET_RAW) may open a packet socket.
+        let root = nix::unistd::geteuid().is_root();
+        assert_eq!(run(Probe::PacketSocket, &ProbeArgs::default()).escaped, root);
+    }
+
+    #[test]
+    fn the_memfd_test_program_really_runs() {
+        let Some(elf) = exit_marker_elf() else { return };
+        let dir = std::env::temp_dir().join(format!("snowluma-probe-elf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("exit97");
+        std::fs::write(&path, &elf).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let status = std::process::Command::new(&path).status().unwrap();
+        assert_eq!(status.code(), Some(EXEC_MARKER));
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

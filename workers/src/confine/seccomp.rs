@@ -114,17 +114,27 @@ pub fn apply_supervisor() -> Result<usize, SeccompError> {
     install(compile_lists(policy::SUPERVISOR, policy::SUPERVISOR_REFUSED, SeccompAction::KillProcess)?)
 }
 
-/// The spawner's deny-list (see [`policy::SPAWNER_DENY`]): those calls kill,
-/// everything else is left to the workers' own allow-lists.
+/// The spawner's filters: the deny-list ([`policy::SPAWNER_DENY`], those
+/// calls kill) and the refusals ([`policy::SPAWNER_REFUSED`], answered
+/// `EACCES`); everything else is left to the workers' own allow-lists.
 pub fn apply_spawner() -> Result<usize, SeccompError> {
-    let list: Vec<&Allow> = policy::SPAWNER_DENY.iter().collect();
-    let f = SeccompFilter::new(
-        rules(&list, u64::from(std::process::id()))?,
+    install(compile_spawner()?)
+}
+
+/// The spawner's two programs (the deny-list first, as [`install`] expects
+/// the one that may not call prctl last).
+pub fn compile_spawner() -> Result<Vec<BpfProgram>, SeccompError> {
+    let pid = u64::from(std::process::id());
+    let deny: Vec<&Allow> = policy::SPAWNER_DENY.iter().collect();
+    let refused: Vec<&Allow> = policy::SPAWNER_REFUSED.iter().collect();
+    let kill = SeccompFilter::new(rules(&deny, pid)?, SeccompAction::Allow, SeccompAction::KillProcess, arch()?)?;
+    let errno = SeccompFilter::new(
+        rules(&refused, pid)?,
         SeccompAction::Allow,
-        SeccompAction::KillProcess,
+        SeccompAction::Errno(nix::libc::EACCES as u32),
         arch()?,
     )?;
-    install(vec![BpfProgram::try_from(f)?])
+    Ok(vec![BpfProgram::try_from(kill)?, BpfProgram::try_from(errno)?])
 }
 
 fn install(programs: Vec<BpfProgram>) -> Result<usize, SeccompError> {
