@@ -124,7 +124,6 @@ pub enum AuditCommand {
 pub struct Config {
     pub mode: Mode,
     pub endpoint: Option<String>,
-    pub token: Option<String>,
     pub timeout_ms: u64,
     pub stream_dir: Option<PathBuf>,
     pub upload_root: Option<PathBuf>,
@@ -215,8 +214,10 @@ pub fn events_endpoint(raw: &str) -> Result<Endpoint, EndpointError> {
 }
 
 impl Config {
-    /// Resolve and validate. `env_token` is SNOWLUMA_MCP_TOKEN's value.
-    pub fn resolve(cli: &Cli, env_token: Option<String>) -> Result<Config, ConfigError> {
+    /// Resolve and validate. The access token is not part of the
+    /// configuration: it is read later, after the spawner is forked
+    /// (`secret::read_token`).
+    pub fn resolve(cli: &Cli) -> Result<Config, ConfigError> {
         let mut warnings = Vec::new();
         let endpoint = nonempty(&cli.endpoint);
         if let Some(e) = &endpoint {
@@ -253,24 +254,6 @@ impl Config {
             (Some(_), Some(m)) => m,
             (Some(_), None) => Mode::Read,
         };
-        let token = match &cli.token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    bad("SNOWLUMA_MCP_TOKEN", "--token-file", format!("cannot be read from the given file: {e}"))
-                })?;
-                Some(text.trim().to_owned()).filter(|t| !t.is_empty())
-            }
-            None => env_token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()),
-        };
-        if let Some(t) = &token
-            && t.chars().any(|c| c.is_control() || c == ' ')
-        {
-            return Err(bad(
-                "SNOWLUMA_MCP_TOKEN",
-                "--token-file",
-                "contains spaces or control characters (value not shown)",
-            ));
-        }
         let timeout_ms = match nonempty(&cli.timeout_ms) {
             None => DEFAULT_TIMEOUT_MS,
             Some(raw) => positive_int("SNOWLUMA_MCP_TIMEOUT_MS", "--timeout-ms", &raw, MAX_TIMEOUT_MS)?,
@@ -320,7 +303,6 @@ impl Config {
         Ok(Config {
             mode,
             endpoint,
-            token,
             timeout_ms,
             stream_dir,
             upload_root,
@@ -361,30 +343,28 @@ mod tests {
 
     #[test]
     fn mode_resolution() {
-        let c = Config::resolve(&cli(&[]), None).unwrap();
+        let c = Config::resolve(&cli(&[])).unwrap();
         assert_eq!(c.mode, Mode::Docs);
-        let c = Config::resolve(&cli(&["--mode", "WRITE"]), None).unwrap();
+        let c = Config::resolve(&cli(&["--mode", "WRITE"])).unwrap();
         assert_eq!(c.mode, Mode::Docs);
         assert_eq!(c.warnings.len(), 1);
-        let c = Config::resolve(&cli(&["--endpoint", "http://127.0.0.1:3000/"]), None).unwrap();
+        let c = Config::resolve(&cli(&["--endpoint", "http://127.0.0.1:3000/"])).unwrap();
         assert_eq!(c.mode, Mode::Read);
-        let c = Config::resolve(&cli(&["--endpoint", "http://h/", "--mode", "docs"]), None).unwrap();
+        let c = Config::resolve(&cli(&["--endpoint", "http://h/", "--mode", "docs"])).unwrap();
         assert_eq!(c.mode, Mode::Docs);
     }
 
     #[test]
     fn bad_values_name_the_variable() {
-        let e = Config::resolve(&cli(&["--timeout-ms", "0"]), None).unwrap_err().to_string();
+        let e = Config::resolve(&cli(&["--timeout-ms", "0"])).unwrap_err().to_string();
         assert!(e.starts_with("SNOWLUMA_MCP_TIMEOUT_MS"), "{e}");
-        let e = Config::resolve(&cli(&["--mode", "banana"]), None).unwrap_err().to_string();
+        let e = Config::resolve(&cli(&["--mode", "banana"])).unwrap_err().to_string();
         assert!(e.contains("SNOWLUMA_MCP_MODE") && e.contains("banana"), "{e}");
-        let e = Config::resolve(&cli(&["--endpoint", "http://u:secret@h/"]), None).unwrap_err().to_string();
+        let e = Config::resolve(&cli(&["--endpoint", "http://u:secret@h/"])).unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
-        let e = Config::resolve(&cli(&["--events-url", "ws://h/e?x=1"]), None).unwrap_err().to_string();
+        let e = Config::resolve(&cli(&["--events-url", "ws://h/e?x=1"])).unwrap_err().to_string();
         assert!(e.contains("SNOWLUMA_MCP_EVENTS_URL"), "{e}");
-        let e = Config::resolve(&cli(&["--max-stream-bytes", "4294967297"]), None).unwrap_err().to_string();
+        let e = Config::resolve(&cli(&["--max-stream-bytes", "4294967297"])).unwrap_err().to_string();
         assert!(e.contains("SNOWLUMA_MCP_MAX_STREAM_BYTES"), "{e}");
-        let e = Config::resolve(&cli(&[]), Some("a b".into())).unwrap_err().to_string();
-        assert!(!e.contains("a b"));
     }
 }

@@ -9,6 +9,7 @@ mod endpoint;
 mod policy;
 mod progress;
 mod runtime;
+mod secret;
 mod server;
 mod spawner;
 mod stdio;
@@ -95,8 +96,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let env_token = std::env::var("SNOWLUMA_MCP_TOKEN").ok();
-    let config = match Config::resolve(&cli, env_token) {
+    let config = match Config::resolve(&cli) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("snowluma-mcp: configuration error: {e}");
@@ -201,6 +201,16 @@ fn main() -> ExitCode {
             }
         };
     drop(read_dirs);
+    // The access token, read only now that the spawner exists (it never
+    // holds it), then scrubbed from this process's environment block.
+    let token = match secret::read_token(cli.token_file.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("snowluma-mcp: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    secret::scrub_env(secret::TOKEN_VAR);
     let supervisor_report = match confine::confine_supervisor() {
         Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => Some(r),
         Ok(r) => {
@@ -253,9 +263,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(config, policy, audit, grants, transfer_dirs, (spawner_sock, spawner_pid), resolved)) {
+    let started = Started { config, policy, audit, grants, transfer_dirs, token, resolved };
+    match rt.block_on(run(started, (spawner_sock, spawner_pid))) {
         Ok(Ended::Finished) => ExitCode::SUCCESS,
-        Ok(Ended::StdoutGone) | Ok(Ended::SpawnerDied) => ExitCode::FAILURE,
+        Ok(Ended::StdoutGone) | Ok(Ended::Broken) => ExitCode::FAILURE,
         Err(e) => {
             tracing::error!(error = %e, "server stopped with an error");
             ExitCode::FAILURE
@@ -439,18 +450,27 @@ fn stdin_peer() -> Option<audit::Peer> {
     Some(audit::Peer { uid: cred.uid(), gid: cred.gid(), pid: cred.pid() })
 }
 
-async fn run(
+/// Everything startup prepared for the session.
+struct Started {
     config: Config,
     policy: policy::Policy,
     audit: Option<audit::AuditLog>,
     grants: confine::WorkerGrants,
     transfer_dirs: Option<TransferDirs>,
-    (spawner_sock, spawner_pid): (std::os::fd::OwnedFd, nix::unistd::Pid),
+    /// Moved into the network executor's configuration, then wiped.
+    token: Option<zeroize::Zeroizing<String>>,
     resolved: Vec<std::net::SocketAddr>,
+}
+
+async fn run(
+    started: Started,
+    (spawner_sock, spawner_pid): (std::os::fd::OwnedFd, nix::unistd::Pid),
 ) -> Result<Ended, Box<dyn std::error::Error>> {
+    let Started { config, policy, audit, grants, transfer_dirs, mut token, resolved } = started;
     let spawner = spawner::SpawnerClient::start(spawner_sock, spawner_pid)?;
     let spawner_gone = spawner.gone();
-    let spec = Arc::new(SpawnSpec { spawner, log_filter: config.worker_log_filter(), grants });
+    let fatal = tokio_util::sync::CancellationToken::new();
+    let spec = Arc::new(SpawnSpec { spawner, log_filter: config.worker_log_filter(), grants, fatal: fatal.clone() });
     let catalog = WorkerSlot::start(
         Role::Catalog,
         WorkerConfig::Catalog { denied: policy.denied() },
@@ -463,7 +483,8 @@ async fn run(
             WorkerConfig::Network(NetworkConfig {
                 endpoint: endpoint.clone(),
                 resolved: resolved.clone(),
-                token: config.token.clone(),
+                // Moved, not copied: the buffer is wiped once handed over.
+                token: token.as_mut().map(|t| std::mem::take(&mut **t)),
                 timeout_ms: config.timeout_ms,
             }),
             spec.clone(),
@@ -517,9 +538,15 @@ async fn run(
             let session = running.cancellation_token();
             let watch_slots = slots.clone();
             let died = spawner_gone.clone();
+            let lost = fatal.clone();
             let watcher = tokio::spawn(async move {
-                died.cancelled().await;
-                tracing::error!("the spawner process died; ending the session so that a whole server is started again");
+                tokio::select! {
+                    _ = died.cancelled() => tracing::error!(
+                        "the spawner process died; ending the session so that a whole server is started again"
+                    ),
+                    // Already logged by the worker's slot.
+                    _ = lost.cancelled() => {}
+                }
                 for s in &watch_slots {
                     s.shutdown();
                 }
@@ -528,7 +555,7 @@ async fn run(
             let r = running.waiting().await;
             watcher.abort();
             match r {
-                Ok(_) if spawner_gone.is_cancelled() => Ok(Ended::SpawnerDied),
+                Ok(_) if spawner_gone.is_cancelled() || fatal.is_cancelled() => Ok(Ended::Broken),
                 Ok(_) => Ok(Ended::Finished),
                 Err(e) => Err(e.into()),
             }
@@ -554,6 +581,7 @@ enum Ended {
     Finished,
     /// stdout failed: the client is gone; already logged.
     StdoutGone,
-    /// The spawner died; already logged.
-    SpawnerDied,
+    /// The spawner died, or a worker that cannot be replaced stopped;
+    /// already logged.
+    Broken,
 }

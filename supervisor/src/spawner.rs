@@ -147,6 +147,9 @@ impl Child {
 }
 
 fn child_main(sock: OwnedFd, confine: impl FnOnce() -> Result<(), String>) -> Result<(), SpawnerError> {
+    // Forked before the token was read: its only copy here is the
+    // environment block inherited from the supervisor.
+    crate::secret::scrub_env(crate::secret::TOKEN_VAR);
     let _ = nix::sys::prctl::set_name(c"snowluma-spawner");
     // The client's stdin and stdout are the supervisor's alone.
     let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;

@@ -86,6 +86,9 @@ pub struct SpawnSpec {
     /// Per-role confinement grants, appended to the worker's argv
     /// (`ports=…`, `unconfined-ok`; see `confine.rs`).
     pub grants: crate::confine::WorkerGrants,
+    /// Cancelled when a worker stops that cannot be replaced (the network
+    /// executor after the token was handed to it): the session ends.
+    pub fatal: CancellationToken,
 }
 
 impl WorkerSlot {
@@ -192,7 +195,52 @@ impl WorkerSlot {
 
 type IpcReader = tokio::io::BufReader<SockReader>;
 
-async fn handshake(rd: &mut IpcReader, wr: &mut SockWriter, role: Role, config: &WorkerConfig) -> Result<u32, String> {
+/// Does this configuration carry the access token (the network executor's)?
+fn holds_secret(config: &WorkerConfig) -> bool {
+    matches!(config, WorkerConfig::Network(n) if n.token.is_some())
+}
+
+/// Wipe the access token from a configuration, if it holds one.
+fn wipe_secret(config: &mut WorkerConfig) {
+    if let WorkerConfig::Network(n) = config
+        && let Some(mut t) = n.token.take()
+    {
+        crate::secret::wipe(&mut t);
+    }
+}
+
+/// Write the `Configure` frame. A configuration with the token is encoded
+/// into one pre-sized buffer (never reallocated, so no copy is left in
+/// freed memory) that is wiped after the write, and the token is then wiped
+/// from `config` too: it is handed over exactly once.
+async fn send_configure(wr: &mut SockWriter, config: &mut WorkerConfig) -> Result<(), String> {
+    use zeroize::Zeroizing;
+    if !holds_secret(config) {
+        return write_frame(wr, &ToWorker::Configure(config.clone())).await.map_err(|e| e.to_string());
+    }
+    let mut msg = ToWorker::Configure(config.clone());
+    wipe_secret(config);
+    let body = postcard::to_extend(&msg, Vec::with_capacity(64 * 1024)).map(Zeroizing::new);
+    if let ToWorker::Configure(c) = &mut msg {
+        wipe_secret(c);
+    }
+    let body = body.map_err(|e| e.to_string())?;
+    let len = u32::try_from(body.len()).map_err(|_| "configuration too large".to_owned())?;
+    let mut frame = Zeroizing::new(Vec::with_capacity(4 + body.len()));
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(&body);
+    drop(body);
+    tokio::io::AsyncWriteExt::write_all(wr, &frame).await.map_err(|e| e.to_string())?;
+    tokio::io::AsyncWriteExt::flush(wr).await.map_err(|e| e.to_string())
+}
+
+async fn handshake(
+    rd: &mut IpcReader,
+    wr: &mut SockWriter,
+    role: Role,
+    config: &mut WorkerConfig,
+    secret_sent: &mut bool,
+) -> Result<u32, String> {
     write_frame(wr, &ToWorker::Hello(Hello { build: BUILD_ID.to_owned(), role })).await.map_err(|e| e.to_string())?;
     let pid = match read_frame::<_, FromWorker>(rd).await.map_err(|e| e.to_string())? {
         FromWorker::Ready { build, pid } if build == BUILD_ID => pid,
@@ -200,7 +248,8 @@ async fn handshake(rd: &mut IpcReader, wr: &mut SockWriter, role: Role, config: 
         FromWorker::Refused { reason } => return Err(format!("worker refused: {reason}")),
         other => return Err(format!("unexpected handshake reply {other:?}")),
     };
-    write_frame(wr, &ToWorker::Configure(config.clone())).await.map_err(|e| e.to_string())?;
+    *secret_sent |= holds_secret(config);
+    send_configure(wr, config).await?;
     match read_frame::<_, FromWorker>(rd).await.map_err(|e| e.to_string())? {
         FromWorker::Configured => Ok(pid),
         FromWorker::Refused { reason } => Err(format!("worker refused its configuration: {reason}")),
@@ -210,7 +259,7 @@ async fn handshake(rd: &mut IpcReader, wr: &mut SockWriter, role: Role, config: 
 
 async fn supervise(
     role: Role,
-    config: WorkerConfig,
+    mut config: WorkerConfig,
     spec: Arc<SpawnSpec>,
     attach: Arc<Attach>,
     live: watch::Sender<Option<Arc<Conn>>>,
@@ -218,12 +267,24 @@ async fn supervise(
 ) {
     let mut backoff = BACKOFF_MIN;
     let name = role.as_str();
+    let mut secret_sent = false;
     loop {
         let started = Instant::now();
-        match run_once(role, &config, &spec, &attach, &live, &stop).await {
+        match run_once(role, &mut config, &spec, &attach, &live, &stop, &mut secret_sent).await {
             Ok(()) if stop.is_cancelled() => return,
             Ok(()) => {}
             Err(e) => tracing::warn!(worker = name, error = %e, "worker failed to start"),
+        }
+        if secret_sent {
+            // The token was handed to this worker and wiped everywhere
+            // else: a new incarnation could not be given it.
+            tracing::error!(
+                worker = name,
+                "the network executor stopped after the access token was handed to it; no other process holds \
+                 the token, so it cannot be restarted: ending the session"
+            );
+            spec.fatal.cancel();
+            return;
         }
         if started.elapsed() >= HEALTHY_AFTER {
             backoff = BACKOFF_MIN;
@@ -240,11 +301,12 @@ async fn supervise(
 /// Run one worker incarnation until it dies (or we are stopped).
 async fn run_once(
     role: Role,
-    config: &WorkerConfig,
+    config: &mut WorkerConfig,
     spec: &SpawnSpec,
     attach: &Attach,
     live: &watch::Sender<Option<Arc<Conn>>>,
     stop: &CancellationToken,
+    secret_sent: &mut bool,
 ) -> Result<(), String> {
     let name = role.as_str();
     let mut extra: Vec<(i32, OwnedFd)> = Vec::new();
@@ -270,17 +332,18 @@ async fn run_once(
     let (rd, mut wr) = snowluma_proto::sockio::split_one(parent).map_err(|e| format!("IPC socket: {e}"))?;
     // One recv per message: the length prefix and the body come from the buffer.
     let mut rd: IpcReader = tokio::io::BufReader::with_capacity(64 * 1024, rd);
-    let pid = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut rd, &mut wr, role, config)).await {
-        Ok(Ok(pid)) => pid,
-        Ok(Err(e)) => {
-            spawner.kill(child_pid);
-            return Err(e);
-        }
-        Err(_) => {
-            spawner.kill(child_pid);
-            return Err("handshake timed out".into());
-        }
-    };
+    let pid =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut rd, &mut wr, role, config, secret_sent)).await {
+            Ok(Ok(pid)) => pid,
+            Ok(Err(e)) => {
+                spawner.kill(child_pid);
+                return Err(e);
+            }
+            Err(_) => {
+                spawner.kill(child_pid);
+                return Err("handshake timed out".into());
+            }
+        };
     tracing::debug!(worker = name, pid, "worker ready");
     let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
     let (fd_out, fd_in) = match (attach.channel, our_channel) {

@@ -122,14 +122,7 @@ fn the_supervisor_and_the_spawner_keep_no_capability() {
     s.initialize("2025-11-25");
     assert!(!is_error(&s.call("list_categories", json!({}))));
     let supervisor = s.child.id() as i32;
-    let spawner = s
-        .worker_pids()
-        .into_iter()
-        .find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .is_ok_and(|st| st.split_whitespace().nth(3) == Some(&supervisor.to_string()))
-        })
-        .expect("the spawner is the supervisor's child");
+    let spawner = spawner_pid(&s);
     for (name, pid) in [("supervisor", supervisor), ("spawner", spawner)] {
         for caps in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
             assert_eq!(status_field(pid, caps).trim_start_matches('0'), "", "{name} keeps {caps}");
@@ -171,38 +164,115 @@ fn memory_contains(pid: i32, needle: &[u8]) -> Option<bool> {
     read_any.then_some(false)
 }
 
-#[test]
-fn the_token_is_in_no_environment_or_command_line_and_only_the_network_executor_gets_it() {
-    let secret = "tok-confinement-secret-4242";
+fn spawner_pid(s: &Mcp) -> i32 {
+    let supervisor = s.child.id().to_string();
+    s.worker_pids()
+        .into_iter()
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .is_ok_and(|st| st.split_whitespace().nth(3) == Some(supervisor.as_str()))
+        })
+        .expect("the spawner is the supervisor's child")
+}
+
+/// After the handover the token is in the network executor's memory and
+/// nowhere else: not in the supervisor's or the spawner's memory, not in
+/// any process's environment or command line, whichever way it was given.
+fn the_token_lives_only_in_the_network_executor(via_file: bool) {
+    let secret = if via_file { "tok-confinement-file-4242" } else { "tok-confinement-env-4343" };
     let fake = Fake::start(Some(secret));
     let url = fake.fake.url();
-    let dir = std::env::temp_dir().join(format!("snowluma-confine-token-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("snowluma-confine-token-{}-{via_file}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let token_file = dir.join("token");
-    std::fs::write(&token_file, secret).unwrap();
-    let mut s =
-        Mcp::spawn_args(&[("SNOWLUMA_MCP_ENDPOINT", url.as_str())], &["--token-file", token_file.to_str().unwrap()]);
+    std::fs::write(&token_file, format!("{secret}\n")).unwrap();
+    let mut s = if via_file {
+        Mcp::spawn_args(&[("SNOWLUMA_MCP_ENDPOINT", url.as_str())], &["--token-file", token_file.to_str().unwrap()])
+    } else {
+        Mcp::spawn(&[("SNOWLUMA_MCP_ENDPOINT", url.as_str()), ("SNOWLUMA_MCP_TOKEN", secret)])
+    };
     s.initialize("2025-11-25");
     assert!(!is_error(&s.call("list_categories", json!({}))));
     // The network executor has the token: SnowLuma (the fake) accepts the call.
     let r = s.call("query_action", json!({"action": "get_status"}));
     assert!(!is_error(&r), "{r}");
     assert_eq!(structured(&r)["diagnostics"]["outcome"], "success", "{r}");
+    let supervisor = s.child.id() as i32;
+    let spawner = spawner_pid(&s);
     let catalog = s.wait_worker("catalog");
     let network = s.wait_worker("network");
-    for pid in [s.child.id() as i32, catalog, network] {
+    for pid in [supervisor, spawner, catalog, network] {
         let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
         assert!(!String::from_utf8_lossy(&env).contains(secret), "token in the environment of {pid}");
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
         assert!(!String::from_utf8_lossy(&cmdline).contains(secret), "token on the command line of {pid}");
     }
-    // Sent over IPC to the network executor alone: the catalog worker's memory
-    // never held it (readable only because the tests run as root).
-    if let Some(found) = memory_contains(catalog, secret.as_bytes()) {
-        assert!(!found, "the catalog worker holds the token");
-        assert_eq!(memory_contains(network, secret.as_bytes()), Some(true), "the memory scan finds nothing at all");
+    if !via_file {
+        // The variable is still there, its value overwritten in place.
+        let env = std::fs::read(format!("/proc/{supervisor}/environ")).unwrap();
+        assert!(env.windows(19).any(|w| w == b"SNOWLUMA_MCP_TOKEN="), "the variable was removed, not scrubbed");
+    }
+    // Readable only because the tests run as root (the processes are not
+    // dumpable); the network executor's own copy shows the scan works.
+    if let Some(found) = memory_contains(network, secret.as_bytes()) {
+        assert!(found, "the memory scan finds nothing at all");
+        for (name, pid) in [("supervisor", supervisor), ("spawner", spawner), ("catalog", catalog)] {
+            assert_eq!(memory_contains(pid, secret.as_bytes()), Some(false), "the {name} holds the token");
+        }
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_token_from_a_file_lives_only_in_the_network_executor() {
+    the_token_lives_only_in_the_network_executor(true);
+}
+
+#[test]
+fn the_token_from_the_environment_lives_only_in_the_network_executor() {
+    the_token_lives_only_in_the_network_executor(false);
+}
+
+/// No process is left that could give a new network executor the token:
+/// when the one that holds it stops, the session ends (exit status 1, one
+/// clear line). Without a token the executor is simply restarted.
+#[test]
+fn losing_the_executor_that_holds_the_token_ends_the_session() {
+    let fake = Fake::start(Some("tok-lost-executor"));
+    let url = fake.fake.url();
+    let mut s = Mcp::spawn(&[("SNOWLUMA_MCP_ENDPOINT", url.as_str()), ("SNOWLUMA_MCP_TOKEN", "tok-lost-executor")]);
+    s.initialize("2025-11-25");
+    let r = s.call("query_action", json!({"action": "get_status"}));
+    assert!(!is_error(&r), "{r}");
+    let network = s.wait_worker("network");
+    kill(Pid::from_raw(network), Signal::SIGKILL).unwrap();
+    let deadline = std::time::Instant::now() + SAFETY;
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(std::time::Instant::now() < deadline, "the session did not end");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1));
+    let stderr = s.stderr_text();
+    assert_eq!(stderr.matches("cannot be restarted: ending the session").count(), 1, "{stderr}");
+
+    // Without a token there is nothing to lose: the executor comes back.
+    let fake = Fake::start(None);
+    let url = fake.fake.url();
+    let mut s = Mcp::spawn(&[("SNOWLUMA_MCP_ENDPOINT", url.as_str())]);
+    s.initialize("2025-11-25");
+    assert!(!is_error(&s.call("query_action", json!({"action": "get_status"}))));
+    let network = s.wait_worker("network");
+    kill(Pid::from_raw(network), Signal::SIGKILL).unwrap();
+    let deadline = std::time::Instant::now() + SAFETY;
+    while s.worker_pid("network").is_none_or(|p| p == network) {
+        assert!(std::time::Instant::now() < deadline, "the executor was not restarted");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let r = s.call("query_action", json!({"action": "get_status"}));
+    assert!(!is_error(&r), "{r}");
 }
 
 #[test]
