@@ -2,7 +2,6 @@
 //! One legacy and one modern session driven by rmcp's own client.
 
 use rmcp::model::{CallToolRequestParams, ProtocolVersion};
-use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientLifecycleMode, ClientServiceExt};
 use serde_json::json;
 use snowluma_e2e::bin_path;
@@ -14,7 +13,15 @@ fn command() -> tokio::process::Command {
 }
 
 async fn session(mode: ClientLifecycleMode) {
-    let transport = TokioChildProcess::new(command()).unwrap();
+    // Spawned here, its pipes handed to rmcp as an (AsyncRead, AsyncWrite)
+    // transport (rmcp's child-process transport would need another nix).
+    let mut child = command()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
     let client = ().serve_with_lifecycle(transport, mode).await.unwrap();
     let tools = client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
