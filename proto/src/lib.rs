@@ -1,5 +1,6 @@
 //! Shared vocabulary of the snowluma-mcp processes.
 //!
+//! * [`bytes`]: hex and kernel randomness, one copy for every process.
 //! * [`frame`]: length-prefixed `postcard` frames on the supervisor/worker socket.
 //! * [`msg`]: the typed messages that travel in those frames, and the handshake.
 //! * [`outcome`]: the result/diagnostic envelope every tool returns.
@@ -8,6 +9,7 @@
 //! JSON values never travel as `serde_json::Value` (postcard is not
 //! self-describing); they travel as [`msg::JsonText`], validated JSON text.
 
+pub mod bytes;
 pub mod fdpass;
 pub mod frame;
 pub mod msg;

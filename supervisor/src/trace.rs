@@ -22,28 +22,7 @@ pub struct CallTrace {
     pub tracestate_rejected: bool,
 }
 
-pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut buf = [0u8; N];
-    loop {
-        // SAFETY: getrandom writes at most `buf.len()` bytes into the buffer we
-        // own; no other memory is touched.
-        let n = unsafe { nix::libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n == buf.len() as isize && buf.iter().any(|b| *b != 0) {
-            return buf;
-        }
-    }
-}
-
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    out
-}
+pub(crate) use snowluma_proto::bytes::{hex, random_bytes};
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -125,12 +104,6 @@ mod tests {
 
     fn meta(v: serde_json::Value) -> Meta {
         serde_json::from_value(v).unwrap()
-    }
-
-    #[test]
-    fn hex_is_lower_case_and_complete() {
-        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
-        assert_eq!(hex(&[]), "");
     }
 
     #[test]

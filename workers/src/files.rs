@@ -51,18 +51,6 @@ impl FilesWorker {
     }
 }
 
-fn random_hex(n: usize) -> String {
-    let mut buf = vec![0u8; n];
-    loop {
-        // SAFETY: getrandom writes at most buf.len() bytes into our buffer.
-        let got = unsafe { nix::libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if got == buf.len() as isize {
-            break;
-        }
-    }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// `openat2` beneath `dir`, refusing symlinks and escapes.
 fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: i32, mode: u32) -> std::io::Result<OwnedFd> {
     let path = CString::new(rel).map_err(|_| std::io::Error::from_raw_os_error(nix::libc::EINVAL))?;
@@ -236,7 +224,7 @@ impl FilesWorker {
         let Some(dir) = &self.download_dir else {
             return FilesReply::Refused { reason: "no download directory".into() };
         };
-        let token = random_hex(16);
+        let token = snowluma_proto::bytes::hex(&snowluma_proto::bytes::random_bytes::<16>());
         let part = part_name(&token);
         let flags = nix::libc::O_RDWR | nix::libc::O_CREAT | nix::libc::O_EXCL;
         let fd = match open_beneath(dir.as_fd(), &part, flags, 0o600) {
