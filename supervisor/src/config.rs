@@ -193,10 +193,13 @@ pub fn default_stream_base() -> (PathBuf, String) {
     (std::env::temp_dir(), format!("snowluma-mcp-{}", nix::unistd::geteuid().as_raw()))
 }
 
+/// The last component of the default download directory.
+pub const DOWNLOADS_SUBDIR: &str = "downloads";
+
 /// The default download directory's path (see [`default_stream_base`]).
 pub fn default_stream_dir() -> PathBuf {
     let (base, top) = default_stream_base();
-    base.join(top).join("downloads")
+    base.join(top).join(DOWNLOADS_SUBDIR)
 }
 
 /// The HTTP endpoint, parsed (see [`crate::endpoint`]).

@@ -374,9 +374,10 @@ fn open_download_dir(config: &Config) -> Result<(std::path::PathBuf, std::os::fd
             let base_fd = open_dir(&base).map_err(|e| bad(format!("(default) cannot open {}: {e}", base.display())))?;
             let top_fd = private_subdir(&base_fd, &top, true)
                 .map_err(|p| bad(format!("(default) {}: {p}", base.join(&top).display())))?;
-            let fd = private_subdir(&top_fd, "downloads", false)
-                .map_err(|p| bad(format!("(default) {}: {p}", base.join(&top).join("downloads").display())))?;
-            (base.join(top).join("downloads"), fd)
+            let dir = base.join(&top).join(config::DOWNLOADS_SUBDIR);
+            let fd = private_subdir(&top_fd, config::DOWNLOADS_SUBDIR, false)
+                .map_err(|p| bad(format!("(default) {}: {p}", dir.display())))?;
+            (dir, fd)
         }
     };
     check_owned(&fd, false).map_err(|p| bad(format!("{}: {p}", path.display())))?;
