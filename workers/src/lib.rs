@@ -7,12 +7,12 @@
 //! requests from the IPC socket on descriptor [`WORKER_IPC_FD`] (`serve`)
 //! until the supervisor closes it.
 
-pub mod catalog;
-pub mod files;
+mod catalog;
+mod files;
 mod http1;
-pub mod network;
-pub mod serve;
-pub mod transfer;
+mod network;
+mod serve;
+mod transfer;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
