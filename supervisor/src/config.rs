@@ -328,6 +328,18 @@ impl Config {
     pub fn worker_log_filter(&self) -> String {
         if self.log_payloads { format!("{LOG_PAYLOADS_PREFIX}{}", self.log) } else { self.log.clone() }
     }
+
+    /// The TCP ports the network executor (and so the spawner) may connect
+    /// to: the endpoint's and, when events are configured, the events URL's.
+    pub fn network_ports(&self) -> Vec<u16> {
+        // Validated at startup; the events port only when events are configured.
+        let http = self.endpoint.as_deref().and_then(|e| http_endpoint(e).ok());
+        let events = self.events_url.as_deref().and_then(|e| events_endpoint(e).ok());
+        let mut ports: Vec<u16> = [http, events].into_iter().flatten().map(|e| e.port).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
 }
 
 /// Marks a log filter whose process may log payloads (`;` cannot occur in

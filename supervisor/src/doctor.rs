@@ -2,9 +2,10 @@
 //! and escape probes that prove it.
 //!
 //! For every role (supervisor, spawner, catalog, network, files) the doctor starts
-//! this binary in probe mode (`__snowluma-probe <role> <probe> [k=v…]`): the
-//! child confines itself exactly as that role does in service, prints its
-//! report, tries one forbidden operation and says whether it got through. A
+//! this binary in probe mode (`__snowluma-probe <role> <probe> [k=v…]`,
+//! `snowluma_sandbox::probe::probe_main`): the child confines itself through
+//! the same `snowluma_sandbox` entry point that role runs in service, prints
+//! its report, tries one forbidden operation and says whether it got through. A
 //! few *controls* (the network executor connecting to its granted port, the
 //! file-transfer worker reading its upload root and writing its download
 //! directory) must succeed, so a probe cannot pass merely because the test
@@ -19,60 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use serde_json::{Value, json};
-use snowluma_proto::Role;
-use snowluma_workers::confine::policy;
-use snowluma_workers::confine::probe::{EXEC_MARKER, Probe, ProbeArgs};
-
-use crate::confine;
-
-/// Hidden first argument of probe mode.
-pub const PROBE_ARG: &str = "__snowluma-probe";
-
-/// Probe mode: `<role|supervisor> <probe> [k=v…]`.
-pub fn probe_main(args: &[String]) -> ExitCode {
-    let (Some(role), Some(probe)) = (args.first(), args.get(1).and_then(|p| Probe::parse(p))) else {
-        eprintln!("snowluma-mcp: usage: {PROBE_ARG} <role> <probe> [k=v…]");
-        return ExitCode::from(2);
-    };
-    let rest = args.get(2..).unwrap_or_default();
-    if role == "supervisor" || role == "spawner" {
-        // The same entry points, in the same order, as in service (main.rs).
-        let (pargs, grant_args) = ProbeArgs::split(rest);
-        let confined = if role == "supervisor" {
-            confine::confine_supervisor().and_then(|mut r| {
-                snowluma_workers::confine::seccomp::apply_supervisor()
-                    .map_err(|e| confine::ConfineError::Seccomp(e.to_string()))?;
-                r.seccomp = true;
-                Ok(r)
-            })
-        } else {
-            let ports: Vec<u16> = match snowluma_workers::confine::Grants::from_args(Role::Catalog, &grant_args) {
-                Ok(g) => g.tcp_ports,
-                Err(e) => {
-                    eprintln!("snowluma-mcp: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            confine::confine_spawner(&ports, &[], &[], false)
-        };
-        return match confined {
-            Ok(r) => {
-                snowluma_workers::probe_after_confinement(&serde_json::to_value(r).unwrap_or_default(), probe, &pargs)
-            }
-            Err(e) => {
-                snowluma_workers::confine::probe::emit(&json!({"error": e.to_string()}));
-                ExitCode::from(3)
-            }
-        };
-    }
-    match Role::parse(role) {
-        Some(r) => snowluma_workers::probe_main(r, probe, rest),
-        None => {
-            eprintln!("snowluma-mcp: unknown role {role}");
-            ExitCode::from(2)
-        }
-    }
-}
+use snowluma_sandbox::fds::{FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD};
+use snowluma_sandbox::landlock::PINNED_ABI_NUMBER;
+use snowluma_sandbox::probe::{EXEC_MARKER, PROBE_ARG, Probe};
 
 /// A probe the doctor runs, and what must happen.
 struct Case {
@@ -110,7 +60,7 @@ impl Setup {
         let other = TcpListener::bind("127.0.0.1:0")?;
         let udp = std::net::UdpSocket::bind("127.0.0.1:0")?;
         let unix = std::os::unix::net::UnixListener::bind(dir.join("probe.sock"))?;
-        let interpreter = confine::own_interpreter();
+        let interpreter = snowluma_sandbox::own_interpreter();
         // A sibling process outside every probe's domain, to signal and trace.
         let sibling = Command::new("/bin/sleep")
             .arg("60")
@@ -274,7 +224,7 @@ fn spawn_probe(exe: &Path, role: &str, case: &Case, s: &Setup) -> std::io::Resul
         unsafe {
             cmd.pre_exec(move || {
                 use nix::libc;
-                for (from, to) in [(u, policy::FILES_UPLOAD_ROOT_FD), (d, policy::FILES_DOWNLOAD_DIR_FD)] {
+                for (from, to) in [(u, FILES_UPLOAD_ROOT_FD), (d, FILES_DOWNLOAD_DIR_FD)] {
                     if from == to {
                         if libc::fcntl(from, libc::F_SETFD, 0) < 0 {
                             return Err(std::io::Error::last_os_error());
@@ -358,7 +308,7 @@ pub fn run(as_json: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let support = confine::Support::detect();
+    let support = snowluma_sandbox::Support::detect();
     let mut ok = true;
     let mut roles_out = Vec::new();
     for role in ["supervisor", "spawner", "catalog", "network", "files"] {
@@ -393,7 +343,7 @@ pub fn run(as_json: bool) -> ExitCode {
         roles_out.push(json!({"role": role, "confinement": report, "probes": probes}));
     }
     let doc = json!({
-        "kernel": {"landlock_abi": support.landlock_abi, "pinned_abi": snowluma_workers::confine::landlock::PINNED_ABI_NUMBER, "seccomp": support.seccomp},
+        "kernel": {"landlock_abi": support.landlock_abi, "pinned_abi": PINNED_ABI_NUMBER, "seccomp": support.seccomp},
         "roles": roles_out,
         "ok": ok,
     });

@@ -3,7 +3,6 @@
 
 mod audit;
 mod config;
-mod confine;
 mod doctor;
 mod endpoint;
 mod policy;
@@ -25,6 +24,8 @@ use std::sync::Arc;
 use clap::Parser;
 use rmcp::ServiceExt;
 use snowluma_proto::{NetworkConfig, Role, WORKER_ARG, WorkerConfig};
+use snowluma_sandbox::probe::PROBE_ARG;
+use snowluma_sandbox::{ALLOW_UNCONFINED_VAR, ConfineError, SpawnerGrants, Support, WorkerGrants};
 
 use crate::config::{Cli, Config};
 use crate::server::{SnowlumaServer, Workers};
@@ -75,10 +76,10 @@ fn main() -> ExitCode {
         init_tracing(args.get(3).map(String::as_str).unwrap_or("info"));
         return snowluma_workers::worker_main(role, args.get(4..).unwrap_or_default());
     }
-    if args.get(1).map(String::as_str) == Some(doctor::PROBE_ARG) {
+    if args.get(1).map(String::as_str) == Some(PROBE_ARG) {
         // Escape probe (doctor and tests only): confine as a role, try one
         // forbidden operation, report.
-        return doctor::probe_main(args.get(2..).unwrap_or_default());
+        return snowluma_sandbox::probe::probe_main(args.get(2..).unwrap_or_default());
     }
     let cli = Cli::parse();
     if let Some(config::Command::Doctor { json }) = &cli.command {
@@ -148,15 +149,20 @@ fn main() -> ExitCode {
     }
     // Confinement, before the runtime exists (Landlock restricts the calling
     // thread and its future children only).
-    let support = confine::Support::detect();
-    let degraded_ok = match confine::gate(config.mode, support, confine::opt_out_from_env()) {
+    let support = Support::detect();
+    let degraded_ok = match snowluma_sandbox::gate(
+        config.mode.as_str(),
+        config.mode.executes(),
+        support,
+        snowluma_sandbox::opt_out_from_env(),
+    ) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("snowluma-mcp: {e}");
             return ExitCode::from(2);
         }
     };
-    let grants = confine::WorkerGrants::from_config(&config, degraded_ok);
+    let grants = WorkerGrants { network_ports: config.network_ports(), allow_unconfined: degraded_ok };
     // File transfers (write mode): the directories are opened here, before
     // confinement, and handed to the file-transfer worker as descriptors.
     let transfer_dirs = if config.mode == config::Mode::Write && config.endpoint.is_some() {
@@ -184,23 +190,16 @@ fn main() -> ExitCode {
     // endpoint's ports, reads beneath the upload root, writes beneath the
     // download directory, no capability), so that the supervisor below can
     // give up all of it.
-    let ports = grants.network_ports.clone();
-    let (spawner_sock, spawner_pid) =
-        match spawner::fork(|| match confine::confine_spawner(&ports, &read_dirs, &write_dirs, degraded_ok) {
-            Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => {
-                Ok(())
-            }
-            Ok(r) => Err(format!("the spawner's Landlock domain is {}", r.landlock.status.as_str())),
-            Err(_) if degraded_ok => Ok(()),
-            Err(e) => Err(format!("the spawner cannot confine itself: {e}")),
-        }) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("snowluma-mcp: cannot start the spawner: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-    drop(read_dirs);
+    let spawner_grants =
+        SpawnerGrants { tcp_ports: grants.network_ports.clone(), read_dirs, write_dirs, allow_unconfined: degraded_ok };
+    let (spawner_sock, spawner_pid) = match spawner::fork(&spawner_grants) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("snowluma-mcp: cannot start the spawner: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    drop(spawner_grants);
     // The access token, read only now that the spawner exists (it never
     // holds it), then scrubbed from this process's environment block.
     let token = match secret::read_token(cli.token_file.as_deref()) {
@@ -211,18 +210,23 @@ fn main() -> ExitCode {
         }
     };
     secret::scrub_env(secret::TOKEN_VAR);
-    let supervisor_report = match confine::confine_supervisor() {
-        Ok(r) if r.landlock.status == snowluma_workers::confine::Enforcement::FullyEnforced || degraded_ok => Some(r),
-        Ok(r) => {
+    // The supervisor's own confinement, its seccomp allow-list last: its
+    // runtime and everything after run under it (the spawner, forked
+    // earlier, is not bound by it).
+    let supervisor_report = match snowluma_sandbox::confine_supervisor(degraded_ok) {
+        Ok(r) => Some(r),
+        Err(ConfineError::LandlockWeak(status, _)) => {
             eprintln!(
-                "snowluma-mcp: the supervisor's Landlock domain is {}; set {}=1 to run anyway",
-                r.landlock.status.as_str(),
-                confine::ALLOW_UNCONFINED_VAR
+                "snowluma-mcp: the supervisor's Landlock domain is {status}; set {ALLOW_UNCONFINED_VAR}=1 to run anyway"
             );
             return ExitCode::from(2);
         }
+        Err(ConfineError::SeccompNotInstalled(e)) if !degraded_ok => {
+            eprintln!("snowluma-mcp: the supervisor cannot install its seccomp filter: {e}");
+            return ExitCode::from(2);
+        }
         Err(e) if degraded_ok => {
-            tracing::warn!(error = %e, "the supervisor could not confine itself; continuing ({})", confine::ALLOW_UNCONFINED_VAR);
+            tracing::warn!(error = %e, "the supervisor could not confine itself; continuing ({ALLOW_UNCONFINED_VAR})");
             None
         }
         Err(e) => {
@@ -230,32 +234,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    drop(write_dirs);
-    // The supervisor's seccomp allow-list, last: its runtime and everything
-    // after run under it (the spawner, forked earlier, is not bound by it).
-    let supervisor_report = match supervisor_report {
-        Some(mut r) => match snowluma_workers::confine::seccomp::apply_supervisor() {
-            Ok(_) => {
-                r.seccomp = true;
-                Some(r)
-            }
-            Err(e) if degraded_ok => {
-                tracing::warn!(error = %e, "the supervisor's seccomp filter is not installed; continuing ({})", confine::ALLOW_UNCONFINED_VAR);
-                Some(r)
-            }
-            Err(e) => {
-                eprintln!("snowluma-mcp: the supervisor cannot install its seccomp filter: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => None,
-    };
     let roles: Vec<Role> = match (config.endpoint.is_some() && config.mode.executes(), &transfer_dirs) {
         (true, Some(_)) => vec![Role::Catalog, Role::Network, Role::Files],
         (true, None) => vec![Role::Catalog, Role::Network],
         _ => vec![Role::Catalog],
     };
-    confine::record(support, supervisor_report.as_ref(), degraded_ok, &roles);
+    runtime::record_confinement(snowluma_sandbox::runtime_summary(
+        support,
+        supervisor_report.as_ref(),
+        degraded_ok,
+        &roles,
+    ));
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -456,7 +445,7 @@ struct Started {
     config: Config,
     policy: policy::Policy,
     audit: Option<audit::AuditLog>,
-    grants: confine::WorkerGrants,
+    grants: WorkerGrants,
     transfer_dirs: Option<TransferDirs>,
     /// Moved into the network executor's configuration, then wiped.
     token: Option<zeroize::Zeroizing<String>>,

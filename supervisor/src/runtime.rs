@@ -2,6 +2,8 @@
 //! SnowLuma unless `check_connection` is requested. Never exposes the
 //! endpoint, the token or any header.
 
+use std::sync::OnceLock;
+
 use serde_json::{Value, json};
 use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
 use tokio_util::sync::CancellationToken;
@@ -9,6 +11,20 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Mode;
 use crate::server::SnowlumaServer;
 use crate::trace::CallTrace;
+
+/// What is enforced, recorded once at startup (see [`record_confinement`]).
+static CONFINEMENT: OnceLock<Value> = OnceLock::new();
+
+/// Record the `confinement` object of `get_runtime_info`
+/// (`snowluma_sandbox::runtime_summary`), once, at startup.
+pub fn record_confinement(summary: Value) {
+    let _ = CONFINEMENT.set(summary);
+}
+
+/// The `confinement` object of `get_runtime_info`.
+fn confinement() -> Value {
+    CONFINEMENT.get().cloned().unwrap_or(Value::Null)
+}
 
 /// Streams allowed at once (matches the upstream client).
 pub const MAX_CONCURRENT_STREAMS: u32 = 4;
@@ -83,7 +99,7 @@ pub async fn runtime_info(
         },
         "audit_log": server.audit_enabled(),
         "policy": server.policy().to_json(),
-        "confinement": crate::confine::summary(),
+        "confinement": confinement(),
     });
     if args.check_connection {
         let mut checks = serde_json::Map::new();

@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use serde::{Deserialize, Serialize};
 use snowluma_proto::{Role, WORKER_ARG};
-use snowluma_workers::confine::policy;
+use snowluma_sandbox::fds::SPAWNER_EXE_FD;
+use snowluma_sandbox::{ConfineError, SpawnerGrants};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
@@ -94,11 +95,11 @@ fn recv<T: for<'de> Deserialize<'de>>(fd: RawFd) -> Result<Option<(T, Vec<OwnedF
 // ---------------------------------------------------------------- the spawner process
 
 /// Fork the spawner. Must be called while the process is single-threaded
-/// (before the runtime). `confine` runs in the child before it serves and
-/// must give it the workers' union domain and place its own executable at
-/// [`policy::SPAWNER_EXE_FD`] (see `confine::confine_spawner`). Returns the
+/// (before the runtime). The child confines itself before it serves
+/// ([`snowluma_sandbox::confine_spawner`] with `grants`: the workers' union
+/// domain, its own executable placed at [`SPAWNER_EXE_FD`]). Returns the
 /// supervisor's end.
-pub fn fork(confine: impl FnOnce() -> Result<(), String>) -> Result<(OwnedFd, nix::unistd::Pid), SpawnerError> {
+pub fn fork(grants: &SpawnerGrants<'_>) -> Result<(OwnedFd, nix::unistd::Pid), SpawnerError> {
     let (ours, theirs) = snowluma_proto::fdpass::pair()?;
     // SAFETY: the process is single-threaded here (no runtime yet), so the
     // child may run arbitrary code; it never returns into the caller.
@@ -109,7 +110,7 @@ pub fn fork(confine: impl FnOnce() -> Result<(), String>) -> Result<(OwnedFd, ni
         }
         nix::unistd::ForkResult::Child => {
             drop(ours);
-            let code = match child_main(theirs, confine) {
+            let code = match child_main(theirs, grants) {
                 Ok(()) => 0,
                 Err(e) => {
                     tracing::error!(error = %e, "spawner stopped");
@@ -146,7 +147,19 @@ impl Child {
     }
 }
 
-fn child_main(sock: OwnedFd, confine: impl FnOnce() -> Result<(), String>) -> Result<(), SpawnerError> {
+/// The spawner's confinement: with `allow_unconfined`, whatever could be
+/// enforced is accepted; without it, anything less than full enforcement
+/// stops the spawner.
+fn confine(grants: &SpawnerGrants<'_>) -> Result<(), String> {
+    match snowluma_sandbox::confine_spawner(grants) {
+        Ok(_) => Ok(()),
+        Err(_) if grants.allow_unconfined => Ok(()),
+        Err(ConfineError::LandlockWeak(status, _)) => Err(format!("the spawner's Landlock domain is {status}")),
+        Err(e) => Err(format!("the spawner cannot confine itself: {e}")),
+    }
+}
+
+fn child_main(sock: OwnedFd, grants: &SpawnerGrants<'_>) -> Result<(), SpawnerError> {
     // Forked before the token was read: its only copy here is the
     // environment block inherited from the supervisor.
     crate::secret::scrub_env(crate::secret::TOKEN_VAR);
@@ -164,8 +177,8 @@ fn child_main(sock: OwnedFd, confine: impl FnOnce() -> Result<(), String>) -> Re
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
     // Confine first (the grants are descriptors, e.g. the download
     // directory), then keep only stderr, the socket and the executable.
-    confine().map_err(SpawnerError::Protocol)?;
-    let keep = [sock.as_raw_fd(), policy::SPAWNER_EXE_FD];
+    confine(grants).map_err(SpawnerError::Protocol)?;
+    let keep = [sock.as_raw_fd(), SPAWNER_EXE_FD];
     for fd in 3..1024 {
         if !keep.contains(&fd) {
             // SAFETY: closing descriptors this fresh child inherited; the
@@ -247,7 +260,7 @@ fn cstring(s: &str) -> Result<std::ffi::CString, SpawnerError> {
 }
 
 /// Start a worker: fork, place its descriptors, and execute this binary
-/// through [`policy::SPAWNER_EXE_FD`] (`execveat` with `AT_EMPTY_PATH`, the
+/// through [`SPAWNER_EXE_FD`] (`execveat` with `AT_EMPTY_PATH`, the
 /// only exec the spawner's filter allows) with an empty environment.
 fn spawn(
     role: Role,
@@ -297,7 +310,7 @@ fn spawn(
                 if ok {
                     libc::syscall(
                         libc::SYS_execveat,
-                        policy::SPAWNER_EXE_FD,
+                        SPAWNER_EXE_FD,
                         c"".as_ptr(),
                         argv.as_ptr(),
                         envp.as_ptr(),

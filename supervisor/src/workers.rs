@@ -84,8 +84,8 @@ pub struct SpawnSpec {
     pub spawner: Arc<crate::spawner::SpawnerClient>,
     pub log_filter: String,
     /// Per-role confinement grants, appended to the worker's argv
-    /// (`ports=…`, `unconfined-ok`; see `confine.rs`).
-    pub grants: crate::confine::WorkerGrants,
+    /// (`ports=…`, `unconfined-ok`; see `snowluma_sandbox::Grants`).
+    pub grants: snowluma_sandbox::WorkerGrants,
     /// Cancelled when a worker stops that cannot be replaced (the network
     /// executor after the token was handed to it): the session ends.
     pub fatal: CancellationToken,

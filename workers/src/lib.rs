@@ -3,38 +3,38 @@
 //! The supervisor re-executes its own binary with a hidden role argument;
 //! `main` hands control to [`worker_main`] before any async runtime exists,
 //! so each role can confine itself while the process is still single
-//! threaded ([`confine`]). Then a current-thread runtime serves requests from
-//! the IPC socket on descriptor [`WORKER_IPC_FD`] ([`serve`]) until the
-//! supervisor closes it.
+//! threaded (`snowluma_sandbox`). Then a current-thread runtime serves
+//! requests from the IPC socket on descriptor [`WORKER_IPC_FD`] (`serve`)
+//! until the supervisor closes it.
 
-pub mod catalog;
-pub mod confine;
-pub mod files;
+mod catalog;
+mod files;
 mod http1;
-pub mod network;
-pub mod serve;
-pub mod transfer;
+mod network;
+mod serve;
+mod transfer;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
 use snowluma_proto::{Role, WORKER_IPC_FD};
+use snowluma_sandbox::{Grants, confine_worker, prepare_worker};
 
 /// Entry point of a worker process. Must run before any other thread exists.
-/// `grant_args` are the argv elements after the log filter ([`confine::Grants`]).
+/// `grant_args` are the argv elements after the log filter ([`Grants`]).
 pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
     // Confinement first: nothing below may need what it takes away. The
     // current-thread runtime is built between the two steps: it starts no
     // thread, and its descriptors (epoll, eventfd, the signal driver's
     // socketpair) then exist before seccomp forbids creating sockets.
-    let grants = match confine::Grants::from_args(role, grant_args) {
+    let grants = match Grants::from_args(role, grant_args) {
         Ok(g) => g,
         Err(e) => {
             tracing::error!(role = role.as_str(), error = %e, "worker refuses to start");
             return ExitCode::from(3);
         }
     };
-    if let Err(e) = confine::prepare(role) {
+    if let Err(e) = prepare_worker(role) {
         tracing::error!(role = role.as_str(), error = %e, "worker refuses to start: confinement failed");
         return ExitCode::from(3);
     }
@@ -50,7 +50,7 @@ pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
             return ExitCode::from(4);
         }
     };
-    match confine::confine_self(role, &grants) {
+    match confine_worker(role, &grants) {
         Ok(r) => tracing::debug!(
             role = role.as_str(),
             landlock = r.landlock.status.as_str(),
@@ -85,36 +85,4 @@ pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
             ExitCode::from(5)
         }
     }
-}
-
-/// Entry point of an escape probe (`snowluma-mcp doctor`, tests): confine as
-/// `role` with the grants in `args`, print the report, try `probe`, print the
-/// outcome. Exit 0 when blocked, [`confine::probe::ESCAPED_EXIT`] when it got
-/// through. Never part of a serving worker.
-pub fn probe_main(role: Role, probe: confine::probe::Probe, args: &[String]) -> ExitCode {
-    let (pargs, grant_args) = confine::probe::ProbeArgs::split(args);
-    let report = match confine::Grants::from_args(role, &grant_args)
-        .and_then(|g| confine::prepare(role).map(|()| g))
-        .and_then(|g| confine::confine_self(role, &g))
-    {
-        Ok(r) => r,
-        Err(e) => {
-            confine::probe::emit(&serde_json::json!({"error": e.to_string()}));
-            return ExitCode::from(3);
-        }
-    };
-    probe_after_confinement(&serde_json::to_value(&report).unwrap_or_default(), probe, &pargs)
-}
-
-/// Print `report`, run the probe, print its outcome (shared with the
-/// supervisor's own probe mode).
-pub fn probe_after_confinement(
-    report: &serde_json::Value,
-    probe: confine::probe::Probe,
-    args: &confine::probe::ProbeArgs,
-) -> ExitCode {
-    confine::probe::emit(&serde_json::json!({"report": report}));
-    let outcome = confine::probe::run(probe, args);
-    confine::probe::emit(&serde_json::json!({"outcome": outcome}));
-    if outcome.escaped { ExitCode::from(confine::probe::ESCAPED_EXIT) } else { ExitCode::SUCCESS }
 }

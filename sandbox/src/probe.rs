@@ -2,18 +2,32 @@
 //! whether it got through.
 //!
 //! Used by `snowluma-mcp doctor` and the confinement tests, never by a
-//! serving worker: probe mode is a separate hidden command line
-//! (`__snowluma-probe <role> <probe> [k=v…]`) that no MCP client can reach.
-//! The probe process prints its confinement [`super::Report`] as one JSON
+//! serving process: probe mode is a separate hidden command line
+//! ([`PROBE_ARG`] `<role> <probe> [k=v…]`) that no MCP client can reach.
+//! The probe process ([`probe_main`]) confines itself through the role's
+//! own entry point ([`crate::confine_supervisor`],
+//! [`crate::confine_spawner`], [`crate::prepare_worker`] and
+//! [`crate::confine_worker`]), prints its confinement report as one JSON
 //! line, then one JSON line with the outcome, and exits 0 if the operation
 //! was blocked, 1 if it escaped. A seccomp kill (`SIGSYS`) before the second
 //! line also means blocked.
 
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use serde::Serialize;
+use serde_json::json;
+use snowluma_proto::Role;
+
+use crate::fds::{FILES_UPLOAD_ROOT_FD, SPAWNER_EXE_FD};
+use crate::profile::spawner::{SpawnerGrants, confine_spawner};
+use crate::profile::supervisor::confine_supervisor;
+use crate::profile::worker::{Grants, confine_worker, prepare_worker};
+
+/// Hidden first argument of probe mode.
+pub const PROBE_ARG: &str = "__snowluma-probe";
 
 /// Exit code of a probe whose operation escaped confinement.
 pub const ESCAPED_EXIT: u8 = 1;
@@ -36,7 +50,7 @@ pub enum Probe {
     Signal,
     /// `ptrace(PTRACE_SEIZE, pid=)`.
     Ptrace,
-    /// Open a file named `name=` beneath descriptor 4 for reading (a positive
+    /// Open a file named `name=` beneath descriptor 4 (the upload root) for reading (a positive
     /// control for the file-transfer worker's upload root).
     ReadGranted,
     /// Open `/etc/shadow` for reading (root reads it without any capability).
@@ -228,7 +242,7 @@ fn extra_probe(probe: Probe, args: &ProbeArgs) -> Result<(), String> {
             let first = execveat(libc::AT_FDCWD, &interp, &argv, 0);
             // An absolute path with AT_EMPTY_PATH beside the one descriptor
             // the spawner may execute: the path wins over the descriptor.
-            let second = execveat(super::policy::SPAWNER_EXE_FD, &interp, &argv, libc::AT_EMPTY_PATH);
+            let second = execveat(SPAWNER_EXE_FD, &interp, &argv, libc::AT_EMPTY_PATH);
             Err(format!("{}; {}", first.err().unwrap_or_default(), second.err().unwrap_or_default()))
         }
         Probe::MemfdExec => {
@@ -313,7 +327,8 @@ pub fn run(probe: Probe, args: &ProbeArgs) -> Outcome {
                 Err(_) => Err("bad name".into()),
                 Ok(c) => {
                     // SAFETY: c is a valid C string; the descriptor is closed at once.
-                    let fd = unsafe { libc::openat(4, c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+                    let fd =
+                        unsafe { libc::openat(FILES_UPLOAD_ROOT_FD, c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
                     if fd < 0 {
                         Err(std::io::Error::last_os_error().to_string())
                     } else {
@@ -335,6 +350,57 @@ pub fn emit<T: Serialize>(v: &T) {
     if let Ok(s) = serde_json::to_string(v) {
         let _ = writeln!(out, "{s}");
         let _ = out.flush();
+    }
+}
+
+/// Probe mode (`PROBE_ARG <role|supervisor|spawner> <probe> [k=v…]`):
+/// confine as that process does in service, with the grants in the
+/// arguments, print the report, try `probe`, print the outcome. Exit 0 when
+/// blocked, [`ESCAPED_EXIT`] when it got through, 2 on bad arguments, 3 when
+/// confinement failed.
+pub fn probe_main(args: &[String]) -> ExitCode {
+    let (Some(role), Some(probe)) = (args.first(), args.get(1).and_then(|p| Probe::parse(p))) else {
+        eprintln!("snowluma-mcp: usage: {PROBE_ARG} <role> <probe> [k=v…]");
+        return ExitCode::from(2);
+    };
+    let rest = args.get(2..).unwrap_or_default();
+    let (pargs, grant_args) = ProbeArgs::split(rest);
+    let report = match role.as_str() {
+        // The same entry points, in the same order, as in service.
+        "supervisor" => confine_supervisor(false).map(|r| serde_json::to_value(r).unwrap_or_default()),
+        "spawner" => {
+            let tcp_ports = match Grants::from_args(Role::Catalog, &grant_args) {
+                Ok(g) => g.tcp_ports,
+                Err(e) => {
+                    eprintln!("snowluma-mcp: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            confine_spawner(&SpawnerGrants { tcp_ports, ..SpawnerGrants::default() })
+                .map(|r| serde_json::to_value(r).unwrap_or_default())
+        }
+        other => match Role::parse(other) {
+            Some(r) => Grants::from_args(r, &grant_args)
+                .and_then(|g| prepare_worker(r).map(|()| g))
+                .and_then(|g| confine_worker(r, &g))
+                .map(|r| serde_json::to_value(r).unwrap_or_default()),
+            None => {
+                eprintln!("snowluma-mcp: unknown role {other}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    match report {
+        Ok(report) => {
+            emit(&json!({"report": report}));
+            let outcome = run(probe, &pargs);
+            emit(&json!({"outcome": outcome}));
+            if outcome.escaped { ExitCode::from(ESCAPED_EXIT) } else { ExitCode::SUCCESS }
+        }
+        Err(e) => {
+            emit(&json!({"error": e.to_string()}));
+            ExitCode::from(3)
+        }
     }
 }
 

@@ -1,11 +1,25 @@
-//! Descriptor hygiene: close every descriptor except the ones a role keeps.
+//! Descriptors: the fixed numbers every process finds its grants on, and
+//! hygiene (close every descriptor except the ones a role keeps).
+//!
+//! The numbers a worker receives are IPC vocabulary shared with the
+//! supervisor and the workers, defined once in `snowluma_proto` and
+//! re-exported here; the spawner's executable descriptor is the sandbox's own.
 //!
 //! The supervisor already marks everything above the IPC socket
-//! close-on-exec; this is the worker's own check, done before any library
-//! can open something, so a descriptor leaked by a future change of the
-//! spawn code cannot reach a confined worker.
+//! close-on-exec; [`close_all_except`] is the worker's own check, done before
+//! any library can open something, so a descriptor leaked by a future change
+//! of the spawn code cannot reach a confined worker.
 
 use std::os::fd::RawFd;
+
+pub use snowluma_proto::{
+    FILES_DOWNLOAD_DIR_FD, FILES_FD_CHANNEL, FILES_UPLOAD_ROOT_FD, NETWORK_FD_CHANNEL, WORKER_IPC_FD,
+};
+
+/// The descriptor on which the spawner holds its own executable: the only
+/// program it (or anything it starts) may execute, with
+/// `execveat(SPAWNER_EXE_FD, "", …, AT_EMPTY_PATH)`.
+pub const SPAWNER_EXE_FD: i32 = 200;
 
 /// Close every descriptor not in `keep` (which must include 0, 1, 2 and the
 /// IPC socket). Uses `close_range(2)` over the gaps.

@@ -1,10 +1,10 @@
-//! seccomp-bpf: compile a role's allow-list ([`super::policy`]) with
+//! seccomp-bpf: compile a process's lists ([`crate::policy`]) with
 //! `seccompiler` and install it on the (single) calling thread; threads
 //! created later inherit it.
 //!
 //! Mismatch kills the whole process (`SECCOMP_RET_KILL_PROCESS`, seen by the
 //! supervisor as death by `SIGSYS`). A second, smaller filter answers a few
-//! calls with an errno (see [`super::policy::refused`]); when filters stack the
+//! calls with an errno (see [`crate::policy::refused`]); when filters stack the
 //! kernel takes the most restrictive verdict, so an errno beats the first
 //! filter's allow.
 
@@ -15,7 +15,7 @@ use seccompiler::{
 };
 use snowluma_proto::Role;
 
-use super::policy::{self, Allow, Cmp};
+use crate::policy::{self, Allow, Cmp};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
@@ -104,7 +104,7 @@ pub fn compile_lists(
 }
 
 /// Install the role's filters on the calling thread. No new privileges must
-/// already be set (it is, by [`super::confine_self`]).
+/// already be set (it is, by [`crate::confine_worker`]).
 pub fn apply(role: Role) -> Result<usize, SeccompError> {
     install(compile(role, SeccompAction::KillProcess)?)
 }

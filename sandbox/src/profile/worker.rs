@@ -1,27 +1,24 @@
-//! Self-confinement of a worker, run at the start of `main` while the
-//! process is still single-threaded (Landlock ABI 7 and seccomp restrict the
+//! A worker's confinement, run at the start of `worker_main` while the
+//! process is still single-threaded (Landlock and seccomp restrict the
 //! calling thread and its future children only).
 //!
-//! Order: process name → close every descriptor but the kept ones
-//! ([`fds`]) → `RLIMIT_CORE` 0 ([`rlimits`]) → no new privileges, not dumpable
-//! → check single-threaded → Landlock ([`landlock`]) → seccomp ([`seccomp`]).
-//! What each role keeps and may do is data in [`policy`]; what was enforced
-//! comes back as a [`Report`]. The least-privilege matrix is written out in
-//! ARCHITECTURE.md ("Confinement").
-
-pub mod fds;
-pub mod landlock;
-pub mod policy;
-pub mod probe;
-pub mod rlimits;
-pub mod seccomp;
+//! Order: [`prepare_worker`] (process name → close every descriptor but the
+//! kept ones ([`crate::fds`]) → `RLIMIT_CORE` 0, no capabilities
+//! ([`crate::rlimits`]) → no new privileges, not dumpable), then the
+//! worker builds its current-thread runtime, then [`confine_worker`] (check
+//! single-threaded → Landlock ([`crate::landlock`]) → seccomp
+//! ([`crate::seccomp`])). What each role keeps and may do is data in
+//! [`crate::policy`]; what was enforced comes back as a [`WorkerReport`].
 
 use std::os::fd::RawFd;
 
 use serde::Serialize;
-use snowluma_proto::{Role, WORKER_IPC_FD};
+use snowluma_proto::Role;
 
-pub use self::landlock::{Enforcement, LandlockReport};
+use super::ConfineError;
+use crate::fds::{self, FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, WORKER_IPC_FD};
+use crate::landlock::{self, Enforcement, LandlockReport};
+use crate::{policy, rlimits, seccomp};
 
 /// The argv element that lets a worker start when confinement cannot be
 /// fully enforced (the supervisor passes it only with
@@ -67,12 +64,12 @@ impl Grants {
             // SAFETY (of the borrows below): the descriptors are only
             // fstat'ed here, while this single-threaded process holds them.
             // SAFETY: see above; the fds are inherited and not yet closed.
-            if landlock::is_dir(unsafe { landlock::borrow(policy::FILES_UPLOAD_ROOT_FD) }) {
-                g.read_dir_fds.push(policy::FILES_UPLOAD_ROOT_FD);
+            if landlock::is_dir(unsafe { landlock::borrow(FILES_UPLOAD_ROOT_FD) }) {
+                g.read_dir_fds.push(FILES_UPLOAD_ROOT_FD);
             }
             // SAFETY: as above.
-            if landlock::is_dir(unsafe { landlock::borrow(policy::FILES_DOWNLOAD_DIR_FD) }) {
-                g.write_dir_fds.push(policy::FILES_DOWNLOAD_DIR_FD);
+            if landlock::is_dir(unsafe { landlock::borrow(FILES_DOWNLOAD_DIR_FD) }) {
+                g.write_dir_fds.push(FILES_DOWNLOAD_DIR_FD);
             }
         }
         Ok(g)
@@ -92,9 +89,30 @@ impl Grants {
     }
 }
 
-/// What was enforced on this process.
+/// What the supervisor grants its workers, role by role: the argv elements
+/// it appends to each worker's command line ([`Grants::to_args`]).
+#[derive(Debug, Clone, Default)]
+pub struct WorkerGrants {
+    /// The endpoint's (and events URL's) TCP ports: the network executor's only destinations.
+    pub network_ports: Vec<u16>,
+    pub allow_unconfined: bool,
+}
+
+impl WorkerGrants {
+    /// Extra argv elements for a worker of `role` (after the log filter).
+    pub fn args(&self, role: Role) -> Vec<String> {
+        let g = Grants {
+            tcp_ports: if role == Role::Network { self.network_ports.clone() } else { Vec::new() },
+            allow_unconfined: self.allow_unconfined,
+            ..Grants::default()
+        };
+        g.to_args()
+    }
+}
+
+/// What was enforced on a worker.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct WorkerReport {
     pub role: &'static str,
     pub landlock: LandlockReport,
     pub seccomp: bool,
@@ -107,33 +125,10 @@ pub struct Report {
     pub rlimit_core_zero: bool,
 }
 
-impl Report {
+impl WorkerReport {
     pub fn fully_confined(&self) -> bool {
         self.landlock.status == Enforcement::FullyEnforced && self.seccomp && self.no_new_privs && !self.dumpable
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfineError {
-    #[error("prctl({what}) failed: {source}")]
-    Prctl { what: &'static str, source: nix::Error },
-    #[error("unexpected worker argument {0:?}")]
-    BadArg(String),
-    #[error("closing inherited descriptors: {0}")]
-    Fds(nix::Error),
-    #[error("setting RLIMIT_CORE: {0}")]
-    Rlimit(nix::Error),
-    #[error("the process has {0} threads; confinement needs exactly one")]
-    Threads(usize),
-    #[error(transparent)]
-    Landlock(#[from] landlock::LandlockError),
-    #[error(
-        "Landlock is {0} on this kernel (ABI {1}, need {need}); set SNOWLUMA_MCP_ALLOW_UNCONFINED=1 to run anyway",
-        need = landlock::PINNED_ABI_NUMBER
-    )]
-    LandlockWeak(&'static str, i32),
-    #[error("{0}; set SNOWLUMA_MCP_ALLOW_UNCONFINED=1 to run anyway")]
-    Seccomp(#[from] seccomp::SeccompError),
 }
 
 /// Threads of this process, from /proc/self/status (None if unreadable).
@@ -146,8 +141,8 @@ pub fn thread_count() -> Option<usize> {
 /// descriptor but the kept ones, no core dumps, no new privileges, not
 /// dumpable. The caller may then build its current-thread runtime (no
 /// thread; its epoll, eventfd and signal socketpair are created here, while
-/// `socketpair` is still allowed) and finally call [`confine_self`].
-pub fn prepare(role: Role) -> Result<(), ConfineError> {
+/// `socketpair` is still allowed) and finally call [`confine_worker`].
+pub fn prepare_worker(role: Role) -> Result<(), ConfineError> {
     // A readable process name for ps/top/journal (the exec path is a /proc fd).
     let name = format!("snowluma-{}", role.as_str());
     if let Ok(c) = std::ffi::CString::new(name) {
@@ -166,8 +161,8 @@ pub fn prepare(role: Role) -> Result<(), ConfineError> {
 
 /// Confine the calling worker process according to its role's policy and
 /// `grants`: Landlock, then seccomp. The process must be single-threaded
-/// and [`prepare`]d.
-pub fn confine_self(role: Role, grants: &Grants) -> Result<Report, ConfineError> {
+/// and [`prepare_worker`]ed.
+pub fn confine_worker(role: Role, grants: &Grants) -> Result<WorkerReport, ConfineError> {
     // Idempotent; repeated so that no caller can skip them.
     rlimits::apply().map_err(ConfineError::Rlimit)?;
     nix::sys::prctl::set_no_new_privs()
@@ -213,7 +208,7 @@ pub fn confine_self(role: Role, grants: &Grants) -> Result<Report, ConfineError>
         }
         Err(e) => return Err(e.into()),
     };
-    Ok(Report {
+    Ok(WorkerReport {
         role: role.as_str(),
         landlock: ll,
         seccomp: seccomp_on,
