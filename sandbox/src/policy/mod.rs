@@ -149,6 +149,30 @@ pub fn refused(role: Role) -> &'static [(i32, &'static [Allow])] {
     }
 }
 
+/// When a `socket(2)` call does not make a TCP stream: any domain but
+/// `AF_INET`/`AF_INET6`, any protocol but 0 or `IPPROTO_TCP`, or any type
+/// but `SOCK_STREAM` (the condition sets of a refusal; one set must hold).
+pub(crate) const NOT_A_TCP_STREAM: &[&[Cmp]] = &[
+    &[Cmp::Ne(0, libc::AF_INET as u64), Cmp::Ne(0, libc::AF_INET6 as u64)],
+    &[Cmp::Ne(2, 0), Cmp::Ne(2, libc::IPPROTO_TCP as u64)],
+    sock_type(0),
+    sock_type(2),
+    sock_type(3),
+    sock_type(4),
+    sock_type(5),
+    sock_type(6),
+    sock_type(7),
+    sock_type(8),
+    sock_type(9),
+    sock_type(10),
+    sock_type(11),
+    sock_type(12),
+    sock_type(13),
+    sock_type(14),
+    sock_type(15),
+];
+
+/// The condition "the type (low bits of argument 1) is `t`".
 pub(crate) const fn sock_type(t: u64) -> &'static [Cmp] {
     match t {
         0 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 0)],

@@ -3,7 +3,7 @@
 
 use nix::libc;
 
-use super::{Allow, Cmp, any, only, sock_type};
+use super::{Allow, Cmp, NOT_A_TCP_STREAM, any, only};
 use crate::fds::NETWORK_FD_CHANNEL;
 
 /// The network executor: TCP stream sockets (Landlock limits the ports), the
@@ -67,29 +67,7 @@ pub(super) const NETWORK_ENOSYS: &[Allow] = &[any("clone3", libc::SYS_clone3)];
 pub(super) const NETWORK_REFUSED: &[Allow] = &[
     any("openat", libc::SYS_openat),
     any("newfstatat", libc::SYS_newfstatat),
-    only(
-        "socket",
-        libc::SYS_socket,
-        &[
-            &[Cmp::Ne(0, libc::AF_INET as u64), Cmp::Ne(0, libc::AF_INET6 as u64)],
-            &[Cmp::Ne(2, 0), Cmp::Ne(2, libc::IPPROTO_TCP as u64)],
-            sock_type(0),
-            sock_type(2),
-            sock_type(3),
-            sock_type(4),
-            sock_type(5),
-            sock_type(6),
-            sock_type(7),
-            sock_type(8),
-            sock_type(9),
-            sock_type(10),
-            sock_type(11),
-            sock_type(12),
-            sock_type(13),
-            sock_type(14),
-            sock_type(15),
-        ],
-    ),
+    only("socket", libc::SYS_socket, NOT_A_TCP_STREAM),
 ];
 
 /// Descriptors it keeps beyond 0–3: fd 4, the `SOCK_SEQPACKET` descriptor

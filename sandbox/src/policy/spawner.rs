@@ -3,7 +3,7 @@
 
 use nix::libc;
 
-use super::{Allow, Cmp, any, only, sock_type};
+use super::{Allow, Cmp, NOT_A_TCP_STREAM, any, only, sock_type};
 use crate::fds::SPAWNER_EXE_FD;
 
 /// The spawner cannot use an allow-list: every worker is exec'ed from it
@@ -65,29 +65,7 @@ pub const SPAWNER_REFUSED: &[Allow] = &[
         &[&[Cmp::Ne(0, SPAWNER_EXE_FD as u64)], &[Cmp::Ne(4, libc::AT_EMPTY_PATH as u64)]],
     ),
     any("memfd_create", libc::SYS_memfd_create),
-    only(
-        "socket",
-        libc::SYS_socket,
-        &[
-            &[Cmp::Ne(0, libc::AF_INET as u64), Cmp::Ne(0, libc::AF_INET6 as u64)],
-            &[Cmp::Ne(2, 0), Cmp::Ne(2, libc::IPPROTO_TCP as u64)],
-            sock_type(0),
-            sock_type(2),
-            sock_type(3),
-            sock_type(4),
-            sock_type(5),
-            sock_type(6),
-            sock_type(7),
-            sock_type(8),
-            sock_type(9),
-            sock_type(10),
-            sock_type(11),
-            sock_type(12),
-            sock_type(13),
-            sock_type(14),
-            sock_type(15),
-        ],
-    ),
+    only("socket", libc::SYS_socket, NOT_A_TCP_STREAM),
     only(
         "socketpair",
         libc::SYS_socketpair,
