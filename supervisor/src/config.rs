@@ -72,9 +72,17 @@ pub struct Cli {
     /// Private directory for persistent background tasks (absolute path).
     #[arg(long, env = "SNOWLUMA_MCP_TASK_DIR", hide_env_values = true)]
     pub task_dir: Option<String>,
-    /// Append-only audit log for write mode.
-    #[arg(long, env = "SNOWLUMA_MCP_AUDIT_LOG", hide_env_values = true)]
+    /// Tamper-evident audit log of executed and refused actions (absolute path): hash-chained,
+    /// MAC'd JSON lines, with <LOG>.head anchoring its end. Check it with `snowluma-mcp audit
+    /// verify LOG`.
+    #[arg(long, env = "SNOWLUMA_MCP_AUDIT_LOG", hide_env_values = true, value_name = "LOG")]
     pub audit_log: Option<String>,
+    /// The audit log's HMAC key file (absolute path; 64 hex characters). Read at startup and never
+    /// created: make it with `snowluma-mcp audit keygen FILE`. Default: <LOG>.key beside the log,
+    /// created 0600 on first use. Keep it outside the log's directory (e.g. systemd
+    /// LoadCredential=) so that whoever can write the log cannot forge records or its head.
+    #[arg(long, env = "SNOWLUMA_MCP_AUDIT_KEY", hide_env_values = true, value_name = "FILE")]
+    pub audit_key: Option<String>,
     /// Only these actions may run (comma-separated names or aliases).
     #[arg(long, env = "SNOWLUMA_MCP_ALLOW_ACTIONS", hide_env_values = true)]
     pub allow_actions: Option<String>,
@@ -116,8 +124,36 @@ pub enum Command {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum AuditCommand {
-    /// Check the hash chain of an audit log; names the first bad line.
-    Verify { path: PathBuf },
+    /// Check an audit log: hash chain, record MACs and head file; exits non-zero if anything is wrong.
+    ///
+    /// Names the first bad line, or what was removed from the end. The head file is <LOG>.head.
+    /// Without a readable key the chain and the head's shape are checked but not the MACs, and
+    /// the output says so.
+    Verify {
+        #[arg(value_name = "LOG")]
+        path: PathBuf,
+        /// The key file (default: --audit-key / SNOWLUMA_MCP_AUDIT_KEY, else <LOG>.key).
+        #[arg(long, value_name = "FILE")]
+        key: Option<PathBuf>,
+    },
+    /// Write a fresh head file anchoring the log's last record, after checking chain and MACs.
+    ///
+    /// For a log whose head is missing or damaged, or that was written by a release without head
+    /// files, once you have checked that the log is as expected. The key is required.
+    Reanchor {
+        #[arg(value_name = "LOG")]
+        path: PathBuf,
+        /// The key file (default: --audit-key / SNOWLUMA_MCP_AUDIT_KEY, else <LOG>.key).
+        #[arg(long, value_name = "FILE")]
+        key: Option<PathBuf>,
+    },
+    /// Make a new audit key file (0600; an existing file is never overwritten).
+    ///
+    /// For example for systemd's LoadCredential= together with SNOWLUMA_MCP_AUDIT_KEY.
+    Keygen {
+        #[arg(value_name = "FILE")]
+        path: PathBuf,
+    },
 }
 
 #[derive(Clone)]
@@ -131,6 +167,8 @@ pub struct Config {
     pub events_url: Option<String>,
     pub task_dir: Option<PathBuf>,
     pub audit_log: Option<PathBuf>,
+    /// SNOWLUMA_MCP_AUDIT_KEY: the audit key's file; `None` is `<log>.key`.
+    pub audit_key: Option<PathBuf>,
     pub allow_actions: Option<String>,
     pub deny_actions: Option<String>,
     pub log: String,
@@ -282,6 +320,12 @@ impl Config {
         let upload_root = abs("SNOWLUMA_MCP_UPLOAD_ROOT", "--upload-root", &cli.upload_root)?;
         let task_dir = abs("SNOWLUMA_MCP_TASK_DIR", "--task-dir", &cli.task_dir)?;
         let audit_log = abs("SNOWLUMA_MCP_AUDIT_LOG", "--audit-log", &cli.audit_log)?;
+        let audit_key = abs("SNOWLUMA_MCP_AUDIT_KEY", "--audit-key", &cli.audit_key)?;
+        if audit_key.is_some() && audit_log.is_none() {
+            warnings.push(
+                "SNOWLUMA_MCP_AUDIT_KEY is set but SNOWLUMA_MCP_AUDIT_LOG is not: no audit log is written".into(),
+            );
+        }
         let events_url = nonempty(&cli.events_url);
         if let Some(u) = &events_url {
             events_endpoint(u).map_err(|p| {
@@ -313,6 +357,7 @@ impl Config {
             events_url,
             task_dir,
             audit_log,
+            audit_key,
             allow_actions: nonempty(&cli.allow_actions),
             deny_actions: nonempty(&cli.deny_actions),
             log: cli.log.clone(),
@@ -367,6 +412,17 @@ mod tests {
         assert_eq!(c.mode, Mode::Read);
         let c = Config::resolve(&cli(&["--endpoint", "http://h/", "--mode", "docs"])).unwrap();
         assert_eq!(c.mode, Mode::Docs);
+    }
+
+    #[test]
+    fn the_audit_key_is_an_absolute_path_and_needs_a_log() {
+        let e = Config::resolve(&cli(&["--audit-key", "audit.key"]), None).unwrap_err().to_string();
+        assert!(e.starts_with("SNOWLUMA_MCP_AUDIT_KEY (--audit-key) must be an absolute path"), "{e}");
+        let c = Config::resolve(&cli(&["--audit-key", "/k"]), None).unwrap();
+        assert!(c.warnings.iter().any(|w| w.contains("SNOWLUMA_MCP_AUDIT_KEY")), "{:?}", c.warnings);
+        let c = Config::resolve(&cli(&["--audit-key", "/k", "--audit-log", "/l"]), None).unwrap();
+        assert_eq!(c.audit_key, Some(PathBuf::from("/k")));
+        assert!(c.warnings.is_empty());
     }
 
     #[test]

@@ -85,17 +85,8 @@ fn main() -> ExitCode {
     if let Some(config::Command::Doctor { json }) = &cli.command {
         return doctor::run(*json);
     }
-    if let Some(config::Command::Audit { action: config::AuditCommand::Verify { path } }) = &cli.command {
-        return match audit::verify(path) {
-            Ok(n) => {
-                eprintln!("audit log OK: {n} records, chain intact");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("audit log BROKEN at {e}");
-                ExitCode::FAILURE
-            }
-        };
+    if let Some(config::Command::Audit { action }) = &cli.command {
+        return audit_command(action, cli.audit_key.as_deref());
     }
     let config = match Config::resolve(&cli) {
         Ok(c) => c,
@@ -131,15 +122,29 @@ fn main() -> ExitCode {
     // cannot be written stops startup (fail closed).
     let audit = match &config.audit_log {
         None => None,
-        Some(path) => match audit::AuditLog::open(path, stdin_peer(), config.mode.as_str()) {
-            Ok(log) => Some(log),
-            Err(e) => {
-                eprintln!(
-                    "snowluma-mcp: configuration error: SNOWLUMA_MCP_AUDIT_LOG (--audit-log) cannot be used: {e}"
-                );
-                return ExitCode::from(2);
+        Some(path) => {
+            let key = match &config.audit_key {
+                Some(k) => audit::KeySource::File(k.clone()),
+                None => audit::KeySource::BesideLog,
+            };
+            match audit::AuditLog::open(path, &key, stdin_peer(), config.mode.as_str()) {
+                Ok(log) => Some(log),
+                Err(e) if e.is_integrity() => {
+                    eprintln!("snowluma-mcp: refusing to start: audit log {}: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+                Err(e) if e.is_key() && config.audit_key.is_some() => {
+                    eprintln!("snowluma-mcp: configuration error: SNOWLUMA_MCP_AUDIT_KEY (--audit-key): {e}");
+                    return ExitCode::from(2);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "snowluma-mcp: configuration error: SNOWLUMA_MCP_AUDIT_LOG (--audit-log) cannot be used: {e}"
+                    );
+                    return ExitCode::from(2);
+                }
             }
-        },
+        }
     };
     if config.events_url.is_some() {
         tracing::warn!("SNOWLUMA_MCP_EVENTS_URL is set, but event resources are not part of this build; ignoring it");
@@ -260,6 +265,87 @@ fn main() -> ExitCode {
             tracing::error!(error = %e, "server stopped with an error");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `snowluma-mcp audit ...`: reports on stderr, nothing on stdout.
+/// `configured_key` is --audit-key / SNOWLUMA_MCP_AUDIT_KEY.
+fn audit_command(action: &config::AuditCommand, configured_key: Option<&str>) -> ExitCode {
+    use config::AuditCommand;
+    let key_file = |log: &std::path::Path, key: &Option<std::path::PathBuf>| {
+        key.clone()
+            .or_else(|| configured_key.filter(|k| !k.trim().is_empty()).map(std::path::PathBuf::from))
+            .unwrap_or_else(|| audit::key_path(log))
+    };
+    match action {
+        AuditCommand::Verify { path, key } => {
+            let key = audit::read_key(&key_file(path, key)).map_err(|e| match e {
+                audit::AuditError::KeyUnreadable { path, source } => {
+                    format!("no readable key at {}: {source}", path.display())
+                }
+                other => other.to_string(),
+            });
+            match audit::verify(path, key) {
+                Ok(report) => {
+                    eprintln!("audit log OK: {report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e @ audit::VerifyError::Line { .. }) => {
+                    eprintln!("audit log BROKEN at {e}");
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("audit log BROKEN: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        AuditCommand::Reanchor { path, key } => {
+            let key = match audit::read_key(&key_file(path, key)) {
+                Ok(k) => k,
+                Err(e) => {
+                    eprintln!("audit log not re-anchored: the key is needed to check the records' MACs: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match audit::reanchor(path, &key) {
+                Ok(r) => {
+                    match &r.anchor {
+                        Some(a) => eprintln!(
+                            "audit log re-anchored: {} records, chain intact, MACs valid; {} now anchors record {} ({})",
+                            r.records,
+                            r.head.display(),
+                            a.seq,
+                            a.hash
+                        ),
+                        None => {
+                            eprintln!("audit log re-anchored: the log is empty; {} holds no anchor", r.head.display())
+                        }
+                    }
+                    if r.torn > 0 {
+                        eprintln!(
+                            "note: the log ends with an incomplete line ({} bytes); the server drops it at its next start and records that",
+                            r.torn
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("audit log not re-anchored: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        AuditCommand::Keygen { path } => match audit::keygen(path) {
+            Ok(()) => {
+                eprintln!("audit key written to {} (mode 0600)", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("audit key not written: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -49,11 +49,21 @@ impl Mcp {
     }
 
     pub fn spawn_args(env: &[(&str, &str)], args: &[&str]) -> Mcp {
+        Mcp::spawn_command(Mcp::command(env, args))
+    }
+
+    /// The command `spawn_args` runs, for a test that adjusts it further.
+    pub fn command(env: &[(&str, &str)], args: &[&str]) -> Command {
         let mut cmd = Command::new(bin_path());
         cmd.args(args).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
         for (k, v) in env {
             cmd.env(k, v);
         }
+        cmd
+    }
+
+    /// Spawn `cmd` with piped stdio and speak MCP with it.
+    pub fn spawn_command(mut cmd: Command) -> Mcp {
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn snowluma-mcp");
         let stdout = child.stdout.take().unwrap();

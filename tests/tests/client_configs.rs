@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::Value;
 use snowluma_e2e::*;
 
-const KNOWN: [&str; 15] = [
+const KNOWN: [&str; 16] = [
     "SNOWLUMA_MCP_ENDPOINT",
     "SNOWLUMA_MCP_MODE",
     "SNOWLUMA_MCP_TOKEN",
@@ -22,6 +22,7 @@ const KNOWN: [&str; 15] = [
     "SNOWLUMA_MCP_EVENTS_URL",
     "SNOWLUMA_MCP_TASK_DIR",
     "SNOWLUMA_MCP_AUDIT_LOG",
+    "SNOWLUMA_MCP_AUDIT_KEY",
     "SNOWLUMA_MCP_ALLOW_ACTIONS",
     "SNOWLUMA_MCP_DENY_ACTIONS",
     "SNOWLUMA_MCP_ALLOW_UNCONFINED",

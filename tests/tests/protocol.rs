@@ -297,6 +297,7 @@ fn help_lists_every_variable() {
         "SNOWLUMA_MCP_EVENTS_URL",
         "SNOWLUMA_MCP_TASK_DIR",
         "SNOWLUMA_MCP_AUDIT_LOG",
+        "SNOWLUMA_MCP_AUDIT_KEY",
         "SNOWLUMA_MCP_ALLOW_ACTIONS",
         "SNOWLUMA_MCP_DENY_ACTIONS",
         "SNOWLUMA_MCP_ALLOW_UNCONFINED",

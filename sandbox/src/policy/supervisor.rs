@@ -14,7 +14,7 @@ use super::{Allow, Cmp, any, only};
 /// end-to-end suite: its current-thread runtime (built after the filter),
 /// the blocking pool's threads (audit appends, a non-pipe stdin), the
 /// per-worker IPC socketpairs and descriptor passing, and audit log appends
-/// (flock, lseek, pread, fdatasync).
+/// (flock, lseek, pread, fdatasync; ftruncate and pwrite, below).
 pub const SUPERVISOR: &[Allow] = &[
     any("readv", libc::SYS_readv),
     any("recvmsg", libc::SYS_recvmsg),
@@ -31,6 +31,12 @@ pub const SUPERVISOR: &[Allow] = &[
     any("flock", libc::SYS_flock),
     any("fsync", libc::SYS_fsync),
     any("fdatasync", libc::SYS_fdatasync),
+    // Audit appends cut the log back to its last complete line: undoing a
+    // failed write (a full disk) and dropping a torn one (audit.rs; the log
+    // was opened before Landlock, which checks truncation at open).
+    any("ftruncate", libc::SYS_ftruncate),
+    // Audit appends overwrite the head file's slots in place (audit.rs).
+    any("pwrite64", libc::SYS_pwrite64),
     only("clone", libc::SYS_clone, &[&[Cmp::Masked(0, libc::CLONE_THREAD as u64, libc::CLONE_THREAD as u64)]]),
     any("clone3", libc::SYS_clone3),
     any("set_robust_list", libc::SYS_set_robust_list),
