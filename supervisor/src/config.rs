@@ -416,11 +416,11 @@ mod tests {
 
     #[test]
     fn the_audit_key_is_an_absolute_path_and_needs_a_log() {
-        let e = Config::resolve(&cli(&["--audit-key", "audit.key"]), None).unwrap_err().to_string();
+        let e = Config::resolve(&cli(&["--audit-key", "audit.key"])).unwrap_err().to_string();
         assert!(e.starts_with("SNOWLUMA_MCP_AUDIT_KEY (--audit-key) must be an absolute path"), "{e}");
-        let c = Config::resolve(&cli(&["--audit-key", "/k"]), None).unwrap();
+        let c = Config::resolve(&cli(&["--audit-key", "/k"])).unwrap();
         assert!(c.warnings.iter().any(|w| w.contains("SNOWLUMA_MCP_AUDIT_KEY")), "{:?}", c.warnings);
-        let c = Config::resolve(&cli(&["--audit-key", "/k", "--audit-log", "/l"]), None).unwrap();
+        let c = Config::resolve(&cli(&["--audit-key", "/k", "--audit-log", "/l"])).unwrap();
         assert_eq!(c.audit_key, Some(PathBuf::from("/k")));
         assert!(c.warnings.is_empty());
     }
