@@ -19,7 +19,12 @@ fn records(path: &Path) -> Vec<Value> {
 }
 
 fn verify(path: &Path) -> (bool, String) {
-    let out = std::process::Command::new(bin_path()).args(["audit", "verify"]).arg(path).env_clear().output().unwrap();
+    let out = std::process::Command::new(bin_path())
+        .args(["audit", "verify"])
+        .arg(path)
+        .env_clear()
+        .bounded_output()
+        .unwrap();
     assert!(out.stdout.is_empty(), "nothing on stdout");
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -166,7 +171,7 @@ fn an_unwritable_audit_log_refuses_the_action_and_sends_nothing() {
     let out = std::process::Command::new(bin_path())
         .env_clear()
         .env("SNOWLUMA_MCP_AUDIT_LOG", dir.join("missing-dir/audit.jsonl"))
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("SNOWLUMA_MCP_AUDIT_LOG"));
@@ -193,6 +198,8 @@ fn socket_peer_credentials_are_recorded() {
         .spawn()
         .unwrap();
     let mut w = ours.try_clone().unwrap();
+    // Every read below has the safety deadline.
+    ours.set_read_timeout(Some(SAFETY)).unwrap();
     let mut r = BufReader::new(ours);
     let mut line = String::new();
     for msg in [
@@ -216,7 +223,7 @@ fn socket_peer_credentials_are_recorded() {
     assert_eq!(recs.len(), 3);
     drop(w);
     drop(r);
-    let _ = child.wait();
+    let _ = wait_exit(&mut child, "the server exits");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -294,7 +301,7 @@ fn default_deny_allow_and_deny_lists() {
     let out = std::process::Command::new(bin_path())
         .env_clear()
         .env("SNOWLUMA_MCP_DENY_ACTIONS", "no_such_action")
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
