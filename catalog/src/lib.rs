@@ -9,6 +9,7 @@
 //! The catalog is a bundled snapshot, not a claim about what the connected
 //! server supports.
 
+pub mod args;
 pub mod def;
 pub mod generate;
 pub mod schema;

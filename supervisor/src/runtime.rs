@@ -29,11 +29,14 @@ fn confinement() -> Value {
 /// Streams allowed at once (matches the upstream client).
 pub const MAX_CONCURRENT_STREAMS: u32 = 4;
 
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Args {
-    #[serde(default)]
-    check_connection: bool,
+snowluma_catalog::tool_args! {
+    /// Arguments of `get_runtime_info` (its input schema is generated from
+    /// this declaration).
+    pub struct RuntimeInfoArgs for "get_runtime_info" {
+        /// Also query the server (read/write modes only).
+        #[serde(default)]
+        check_connection: bool,
+    }
 }
 
 pub fn download_dir(server: &SnowlumaServer) -> std::path::PathBuf {
@@ -46,7 +49,7 @@ pub async fn runtime_info(
     cancel: &CancellationToken,
     trace: &CallTrace,
 ) -> ToolReply {
-    let args: Args = match serde_json::from_value(args) {
+    let args: RuntimeInfoArgs = match serde_json::from_value(args) {
         Ok(a) => a,
         Err(e) => {
             return ToolReply::fail(

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::AuditLog;
 use crate::config::{Config, Mode};
 use crate::policy::Policy;
-use crate::tools::{self, ToolKind};
+use crate::tools::{self, Handler, ToolSpec};
 use crate::trace::{CallTrace, hex};
 use crate::workers::{CallError, WorkerSlot};
 
@@ -208,13 +208,13 @@ impl SnowlumaServer {
 
     async fn exec_call(
         &self,
-        kind: ToolKind,
+        spec: ToolSpec,
         args: Value,
         trace: &CallTrace,
         cancel: &CancellationToken,
         progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
     ) -> ToolReply {
-        let tool = if kind == ToolKind::Query { "query_action" } else { "invoke_action" };
+        let tool = spec.name;
         let args: ExecArgs = match serde_json::from_value(args) {
             Ok(a) => a,
             Err(e) => {
@@ -225,12 +225,8 @@ impl SnowlumaServer {
             }
         };
         // Gate 1: the mode, re-checked on every call.
-        let allowed = match kind {
-            ToolKind::Query => matches!(self.config.mode, Mode::Read | Mode::Write),
-            _ => self.config.mode == Mode::Write,
-        };
-        if !allowed {
-            return mode_refusal(tool, self.config.mode);
+        if !spec.modes.contains(self.config.mode) {
+            return mode_refusal(spec, self.config.mode);
         }
         let Some(network) = &self.workers.network else {
             return ToolReply::error(
@@ -249,7 +245,7 @@ impl SnowlumaServer {
             );
         };
         // Gate 3: query_action runs read-only actions only.
-        if kind == ToolKind::Query && !action.read_only {
+        if spec.handler == Handler::Query && !action.read_only {
             return ToolReply::error(
                 Diagnostics::failed(
                     FailureKind::ModeForbidden,
@@ -390,15 +386,18 @@ impl SnowlumaServer {
     /// Run a read-only action for the runtime overview, through the same
     /// gates as `query_action`.
     pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
-        self.exec_call(ToolKind::Query, json!({"action": action, "params": {}}), trace, cancel, None).await
+        self.exec_call(tools::QUERY_ACTION, json!({"action": action, "params": {}}), trace, cancel, None).await
     }
 }
 
-fn mode_refusal(tool: &str, mode: Mode) -> ToolReply {
-    let need = if tool == "invoke_action" { "write" } else { "read or write" };
+fn mode_refusal(spec: ToolSpec, mode: Mode) -> ToolReply {
+    let need = spec.modes.need();
     ToolReply::error(
-        Diagnostics::failed(FailureKind::ModeForbidden, format!("{tool} is not available in {} mode", mode.as_str()))
-            .with_next_step(format!("The operator must set SNOWLUMA_MCP_MODE to {need} (with SNOWLUMA_MCP_ENDPOINT).")),
+        Diagnostics::failed(
+            FailureKind::ModeForbidden,
+            format!("{} is not available in {} mode", spec.name, mode.as_str()),
+        )
+        .with_next_step(format!("The operator must set SNOWLUMA_MCP_MODE to {need} (with SNOWLUMA_MCP_ENDPOINT).")),
     )
 }
 
@@ -457,16 +456,16 @@ impl ServerHandler for SnowlumaServer {
             ));
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
-        let reply = if !tools::enabled(spec.kind, self.config.mode) {
-            mode_refusal(spec.name, self.config.mode)
+        let reply = if !spec.modes.contains(self.config.mode) {
+            mode_refusal(spec, self.config.mode)
         } else {
-            match spec.kind {
-                ToolKind::Doc => self.doc_call(spec.name, args, &ctx.ct).await,
-                ToolKind::Query | ToolKind::Invoke => {
+            match spec.handler {
+                Handler::Doc => self.doc_call(spec.name, args, &ctx.ct).await,
+                Handler::Query | Handler::Invoke => {
                     let progress = ctx.meta.get_progress_token().map(|t| (ctx.peer.clone(), t));
-                    self.exec_call(spec.kind, args, &trace, &ctx.ct, progress).await
+                    self.exec_call(spec, args, &trace, &ctx.ct, progress).await
                 }
-                ToolKind::RuntimeInfo => self.runtime_info(args, &ctx.ct, &trace).await,
+                Handler::RuntimeInfo => self.runtime_info(args, &ctx.ct, &trace).await,
             }
         };
         // One diagnostic line per call: never arguments, contents, tokens or paths.

@@ -1,53 +1,157 @@
-//! The MCP tools this server offers: names, schemas, annotations and the
-//! modes in which each is listed and callable.
+//! The MCP tools this server offers, as one table: each [`ToolSpec`] holds a
+//! tool's name, the modes in which it is listed and callable, its input and
+//! output schemas, its annotations and its handler. Nothing is looked up by
+//! name outside the table, so a new tool cannot borrow another's schema.
+//!
+//! The documentation tools' names and input schemas come from the catalog's
+//! [`DocTool`]s, which parse their arguments with the same types
+//! (`snowluma_catalog::args`); so does `get_runtime_info`'s.
 
 use std::sync::Arc;
 
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
+use snowluma_catalog::args::ToolArgs;
+use snowluma_catalog::tools::{self as doc_tools, DocTool};
 use snowluma_proto::Diagnostics;
 
 use crate::config::Mode;
 
+/// Who answers a tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolKind {
-    /// Answered by the catalog worker.
+pub enum Handler {
+    /// The catalog worker.
     Doc,
-    /// `query_action`: read-only catalog actions, read and write modes.
+    /// `query_action`: read-only catalog actions, through the network executor.
     Query,
-    /// `invoke_action`: any catalog action, write mode only.
+    /// `invoke_action`: any catalog action, through the network executor.
     Invoke,
-    /// `get_runtime_info`: answered by the supervisor from its configuration.
+    /// `get_runtime_info`: the supervisor, from its configuration.
     RuntimeInfo,
 }
 
+/// The modes in which a tool is listed and callable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Modes {
+    docs: bool,
+    read: bool,
+    write: bool,
+}
+
+impl Modes {
+    pub const ALL: Modes = Modes { docs: true, read: true, write: true };
+    pub const READ_WRITE: Modes = Modes { docs: false, read: true, write: true };
+    pub const WRITE: Modes = Modes { docs: false, read: false, write: true };
+
+    pub fn contains(self, mode: Mode) -> bool {
+        match mode {
+            Mode::Docs => self.docs,
+            Mode::Read => self.read,
+            Mode::Write => self.write,
+        }
+    }
+
+    /// The modes an operator may set for such a tool, as a refusal names them.
+    pub fn need(self) -> &'static str {
+        if self.read { "read or write" } else { "write" }
+    }
+}
+
+/// A tool's annotations (MCP's behaviour hints).
+#[derive(Debug, Clone, Copy)]
+pub struct Hints {
+    read_only: bool,
+    destructive: bool,
+    open_world: bool,
+}
+
+/// Reads only the bundled catalog.
+const CATALOG_READ: Hints = Hints { read_only: true, destructive: false, open_world: false };
+
+/// One tool: everything the server lists and routes for it.
 #[derive(Debug, Clone, Copy)]
 pub struct ToolSpec {
     pub name: &'static str,
-    pub kind: ToolKind,
+    pub description: &'static str,
+    pub modes: Modes,
+    /// The tool's `inputSchema`.
+    pub input_schema: fn() -> Value,
+    /// The schema of `structuredContent.result` on success (see [`output_schema`]).
+    pub result_schema: fn() -> Value,
+    pub hints: Hints,
+    pub handler: Handler,
 }
 
-pub const TOOLS: &[ToolSpec] = &[
-    ToolSpec { name: "list_actions", kind: ToolKind::Doc },
-    ToolSpec { name: "get_action", kind: ToolKind::Doc },
-    ToolSpec { name: "search_actions", kind: ToolKind::Doc },
-    ToolSpec { name: "list_categories", kind: ToolKind::Doc },
-    ToolSpec { name: "query_action", kind: ToolKind::Query },
-    ToolSpec { name: "invoke_action", kind: ToolKind::Invoke },
-    ToolSpec { name: "get_runtime_info", kind: ToolKind::RuntimeInfo },
-];
+/// A documentation tool: its name and input schema are the catalog's.
+const fn doc(tool: DocTool, description: &'static str, result_schema: fn() -> Value) -> ToolSpec {
+    ToolSpec {
+        name: tool.name,
+        description,
+        modes: Modes::ALL,
+        input_schema: tool.input_schema,
+        result_schema,
+        hints: CATALOG_READ,
+        handler: Handler::Doc,
+    }
+}
+
+pub const LIST_ACTIONS: ToolSpec = doc(
+    doc_tools::LIST_ACTIONS,
+    "List the bundled SnowLuma OneBot v11 actions in catalog order, optionally filtered by category, read_only and stream, with optional pagination. Reads only the bundled catalog.",
+    compact_list_schema,
+);
+
+pub const GET_ACTION: ToolSpec = doc(
+    doc_tools::GET_ACTION,
+    "Get one action's complete contract by name or alias: parameters, inputSchema, returnsSchema (the successful OneBot data), examples and notes.",
+    any_object,
+);
+
+pub const SEARCH_ACTIONS: ToolSpec = doc(
+    doc_tools::SEARCH_ACTIONS,
+    "Search actions by name, alias or summary. Default: case-insensitive substring in catalog order. match=\"keywords\": space-separated terms combined with AND, common Chinese/English synonyms (e.g. 群 禁言), exact names and aliases first.",
+    compact_list_schema,
+);
+
+pub const LIST_CATEGORIES: ToolSpec =
+    doc(doc_tools::LIST_CATEGORIES, "List the action categories with their action counts.", categories_schema);
+
+pub const QUERY_ACTION: ToolSpec = ToolSpec {
+    name: "query_action",
+    description: "Execute a read-only OneBot action against the configured SnowLuma server and return its envelope {status, retcode, data} unchanged. Refuses actions that change state; use invoke_action in write mode for those.",
+    modes: Modes::READ_WRITE,
+    input_schema: exec_input,
+    result_schema: query_result_schema,
+    hints: Hints { read_only: true, destructive: false, open_world: true },
+    handler: Handler::Query,
+};
+
+pub const INVOKE_ACTION: ToolSpec = ToolSpec {
+    name: "invoke_action",
+    description: "Execute any catalog OneBot action (including writes and Stream API actions) against the configured SnowLuma server. Write mode only. Never retried automatically: check diagnostics.outcome, status and retcode.",
+    modes: Modes::WRITE,
+    input_schema: exec_input,
+    result_schema: invoke_result_schema,
+    hints: Hints { read_only: false, destructive: true, open_world: true },
+    handler: Handler::Invoke,
+};
+
+pub const GET_RUNTIME_INFO: ToolSpec = ToolSpec {
+    name: crate::runtime::RuntimeInfoArgs::TOOL,
+    description: "Describe this server's effective configuration without contacting SnowLuma: mode, catalog version, limits and paths on the MCP host. With check_connection=true (read/write modes) it also queries get_login_info, get_status and get_version_info.",
+    modes: Modes::ALL,
+    input_schema: crate::runtime::RuntimeInfoArgs::input_schema,
+    result_schema: any_object,
+    hints: CATALOG_READ,
+    handler: Handler::RuntimeInfo,
+};
+
+/// Every tool, in the order tools/list gives them.
+pub const TOOLS: [ToolSpec; 7] =
+    [LIST_ACTIONS, GET_ACTION, SEARCH_ACTIONS, LIST_CATEGORIES, QUERY_ACTION, INVOKE_ACTION, GET_RUNTIME_INFO];
 
 pub fn find(name: &str) -> Option<ToolSpec> {
     TOOLS.iter().copied().find(|t| t.name == name)
-}
-
-/// Whether `kind` is listed and callable in `mode`.
-pub fn enabled(kind: ToolKind, mode: Mode) -> bool {
-    match kind {
-        ToolKind::Doc | ToolKind::RuntimeInfo => true,
-        ToolKind::Query => matches!(mode, Mode::Read | Mode::Write),
-        ToolKind::Invoke => mode == Mode::Write,
-    }
 }
 
 fn obj(v: Value) -> Arc<JsonObject> {
@@ -57,21 +161,8 @@ fn obj(v: Value) -> Arc<JsonObject> {
     }
 }
 
-fn filters() -> Value {
-    json!({
-        "category": {"type": "string", "description": "Only actions of this category (exact name as list_categories gives it, e.g. 群管理)."},
-        "read_only": {"type": "boolean", "description": "Only actions that change nothing (true) or only actions that do (false)."},
-        "stream": {"type": "boolean", "description": "Only Stream API actions (true) or only ordinary ones (false)."},
-        "limit": {"type": "integer", "minimum": 1, "maximum": 200, "description": "Page size (1-200). With limit or offset the result adds total and next_offset."},
-        "offset": {"type": "integer", "minimum": 0, "description": "Index of the first match to return."}
-    })
-}
-
-fn merge(mut a: Value, b: Value) -> Value {
-    if let (Value::Object(a), Value::Object(b)) = (&mut a, b) {
-        a.extend(b);
-    }
-    a
+fn any_object() -> Value {
+    json!({"type": "object"})
 }
 
 fn compact_list_schema() -> Value {
@@ -85,6 +176,18 @@ fn compact_list_schema() -> Value {
         },
         "required": ["count", "actions"]
     })
+}
+
+fn categories_schema() -> Value {
+    json!({"type": "array", "items": {"type": "object", "properties": {"category": {"type": "string"}, "count": {"type": "integer"}}}})
+}
+
+fn query_result_schema() -> Value {
+    json!({"type": "object", "additionalProperties": true, "description": "The OneBot envelope as SnowLuma returned it."})
+}
+
+fn invoke_result_schema() -> Value {
+    json!({"type": "object", "additionalProperties": true, "description": "The OneBot envelope, or for stream actions the frame collection / saved-file metadata."})
 }
 
 /// `schema` or `null`. Written as `anyOf` rather than a type array, which
@@ -109,6 +212,9 @@ fn output_schema(result: Value) -> Arc<JsonObject> {
     }))
 }
 
+/// The input of `query_action` and `invoke_action` (parsed by
+/// `server::ExecArgs`; `params` is checked against the action's own schema
+/// by SnowLuma, not here).
 fn exec_input() -> Value {
     json!({
         "type": "object",
@@ -129,88 +235,101 @@ fn exec_input() -> Value {
     })
 }
 
-fn annotations(read_only: bool, destructive: bool, open_world: bool) -> ToolAnnotations {
+fn annotations(h: Hints) -> ToolAnnotations {
     ToolAnnotations::from_raw(
         None,
-        Some(read_only),
-        if read_only { None } else { Some(destructive) },
+        Some(h.read_only),
+        if h.read_only { None } else { Some(h.destructive) },
         None,
-        Some(open_world),
+        Some(h.open_world),
     )
 }
 
 /// The MCP definition of `spec`.
 pub fn definition(spec: ToolSpec) -> Tool {
-    let (description, input, result, ann) = match spec.name {
-        "list_actions" => (
-            "List the bundled SnowLuma OneBot v11 actions in catalog order, optionally filtered by category, read_only and stream, with optional pagination. Reads only the bundled catalog.",
-            merge(json!({}), filters()),
-            compact_list_schema(),
-            annotations(true, false, false),
-        ),
-        "get_action" => (
-            "Get one action's complete contract by name or alias: parameters, inputSchema, returnsSchema (the successful OneBot data), examples and notes.",
-            json!({"name": {"type": "string", "description": "Action name or alias, e.g. get_status or nc_get_rkey."}}),
-            json!({"type": "object"}),
-            annotations(true, false, false),
-        ),
-        "search_actions" => (
-            "Search actions by name, alias or summary. Default: case-insensitive substring in catalog order. match=\"keywords\": space-separated terms combined with AND, common Chinese/English synonyms (e.g. 群 禁言), exact names and aliases first.",
-            merge(
-                json!({
-                    "query": {"type": "string", "description": "Text to look for; an empty query matches everything."},
-                    "match": {"type": "string", "enum": ["substring", "keywords"], "description": "Matching mode (default substring)."}
-                }),
-                filters(),
-            ),
-            compact_list_schema(),
-            annotations(true, false, false),
-        ),
-        "list_categories" => (
-            "List the action categories with their action counts.",
-            json!({}),
-            json!({"type": "array", "items": {"type": "object", "properties": {"category": {"type": "string"}, "count": {"type": "integer"}}}}),
-            annotations(true, false, false),
-        ),
-        "query_action" => (
-            "Execute a read-only OneBot action against the configured SnowLuma server and return its envelope {status, retcode, data} unchanged. Refuses actions that change state; use invoke_action in write mode for those.",
-            json!(null),
-            json!({"type": "object", "additionalProperties": true, "description": "The OneBot envelope as SnowLuma returned it."}),
-            annotations(true, false, true),
-        ),
-        "invoke_action" => (
-            "Execute any catalog OneBot action (including writes and Stream API actions) against the configured SnowLuma server. Write mode only. Never retried automatically: check diagnostics.outcome, status and retcode.",
-            json!(null),
-            json!({"type": "object", "additionalProperties": true, "description": "The OneBot envelope, or for stream actions the frame collection / saved-file metadata."}),
-            annotations(false, true, true),
-        ),
-        _ => (
-            "Describe this server's effective configuration without contacting SnowLuma: mode, catalog version, limits and paths on the MCP host. With check_connection=true (read/write modes) it also queries get_login_info, get_status and get_version_info.",
-            json!({"check_connection": {"type": "boolean", "description": "Also query the server (read/write modes only)."}}),
-            json!({"type": "object"}),
-            annotations(true, false, false),
-        ),
-    };
-    let input_schema = if input.is_null() {
-        exec_input()
-    } else {
-        let required = match spec.name {
-            "get_action" => json!(["name"]),
-            "search_actions" => json!(["query"]),
-            _ => json!([]),
-        };
-        let mut s = json!({"type": "object", "properties": input, "additionalProperties": false});
-        if required.as_array().is_some_and(|r| !r.is_empty()) {
-            s["required"] = required;
-        }
-        s
-    };
-    Tool::new(spec.name, description, obj(input_schema))
-        .with_raw_output_schema(output_schema(result))
-        .with_annotations(ann)
+    Tool::new(spec.name, spec.description, obj((spec.input_schema)()))
+        .with_raw_output_schema(output_schema((spec.result_schema)()))
+        .with_annotations(annotations(spec.hints))
 }
 
 /// The tools listed in `mode`, in their fixed order.
 pub fn listed(mode: Mode) -> Vec<Tool> {
-    TOOLS.iter().copied().filter(|t| enabled(t.kind, mode)).map(definition).collect()
+    TOOLS.iter().copied().filter(|t| t.modes.contains(mode)).map(definition).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    const MODES: [(Mode, &str); 3] = [
+        (Mode::Docs, include_str!("../testdata/tools-list-docs.json")),
+        (Mode::Read, include_str!("../testdata/tools-list-read.json")),
+        (Mode::Write, include_str!("../testdata/tools-list-write.json")),
+    ];
+
+    /// tools/list is byte for byte what it was before the tools became one
+    /// table (the files were captured from the previous code).
+    #[test]
+    fn tool_lists_are_unchanged() {
+        for (mode, expected) in MODES {
+            let got = serde_json::to_string_pretty(&listed(mode)).unwrap() + "\n";
+            assert_eq!(got, expected, "tools/list in {} mode", mode.as_str());
+        }
+    }
+
+    /// Every advertised tool has an entry of its own: names and descriptions
+    /// are unique, each listed tool is exactly its entry's definition, and
+    /// every entry is listed in some mode.
+    #[test]
+    fn every_advertised_tool_has_its_own_entry() {
+        let names: HashSet<_> = TOOLS.iter().map(|t| t.name).collect();
+        assert_eq!(names.len(), TOOLS.len(), "duplicate tool names");
+        let descriptions: HashSet<_> = TOOLS.iter().map(|t| t.description).collect();
+        assert_eq!(descriptions.len(), TOOLS.len(), "two tools share a description");
+        let mut advertised = HashSet::new();
+        for (mode, _) in MODES {
+            for tool in listed(mode) {
+                let entries: Vec<_> = TOOLS.iter().filter(|t| t.name == tool.name).collect();
+                assert_eq!(entries.len(), 1, "{}", tool.name);
+                assert!(entries[0].modes.contains(mode));
+                let own = serde_json::to_value(definition(*entries[0])).unwrap();
+                assert_eq!(serde_json::to_value(&tool).unwrap(), own, "{}", tool.name);
+                assert_eq!(find(&tool.name).map(|t| t.name), Some(entries[0].name));
+                advertised.insert(tool.name.to_string());
+            }
+        }
+        assert_eq!(advertised.len(), TOOLS.len(), "a tool listed in no mode");
+        assert!(find("no_such_tool").is_none());
+    }
+
+    /// The documentation tools are exactly the catalog's, each answered by
+    /// the catalog worker with the schema of the type that parses it.
+    #[test]
+    fn documentation_tools_are_the_catalogs() {
+        let docs: Vec<_> = TOOLS.iter().filter(|t| t.handler == Handler::Doc).collect();
+        assert_eq!(docs.len(), doc_tools::DOC_TOOLS.len());
+        for (spec, tool) in docs.iter().zip(doc_tools::DOC_TOOLS) {
+            assert_eq!(spec.name, tool.name);
+            assert_eq!((spec.input_schema)(), (tool.input_schema)(), "{}", spec.name);
+        }
+        for t in TOOLS.iter().filter(|t| t.handler != Handler::Doc) {
+            assert!(doc_tools::DOC_TOOLS.iter().all(|d| d.name != t.name), "{}", t.name);
+        }
+    }
+
+    #[test]
+    fn modes_match_the_handlers() {
+        for t in TOOLS {
+            let expected = match t.handler {
+                Handler::Doc | Handler::RuntimeInfo => Modes::ALL,
+                Handler::Query => Modes::READ_WRITE,
+                Handler::Invoke => Modes::WRITE,
+            };
+            assert_eq!(t.modes, expected, "{}", t.name);
+        }
+        assert_eq!(QUERY_ACTION.modes.need(), "read or write");
+        assert_eq!(INVOKE_ACTION.modes.need(), "write");
+    }
 }

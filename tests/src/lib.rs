@@ -1,21 +1,128 @@
 //! Test harness: spawns the built `snowluma-mcp` binary and speaks
 //! newline-delimited JSON-RPC with it over stdio.
 //!
-//! Reads use a generous safety deadline so that a broken build fails a test
-//! instead of hanging CI; no test asserts on how long anything takes.
+//! Every wait has a generous safety deadline ([`SAFETY`]) so that a broken
+//! build fails a test instead of hanging CI; no test asserts on how long
+//! anything takes. Polling goes through [`wait_until`]; reads from the
+//! server through [`Mcp::recv`]; child processes through [`wait_exit`] and
+//! [`BoundedOutput`]; helper threads through [`join`].
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 pub const SAFETY: Duration = Duration::from_secs(60);
 pub const MODERN: &str = "2026-07-28";
+
+/// How often [`wait_until`] looks again.
+const POLL: Duration = Duration::from_millis(10);
+
+/// What a [`wait_until`] condition gives back: `Option<T>` (ready or not),
+/// or `Result<T, E>` whose error describes the state while not ready (shown
+/// if the wait times out).
+pub trait Ready<T> {
+    fn ready(self) -> Result<T, String>;
+}
+
+impl<T> Ready<T> for Option<T> {
+    fn ready(self) -> Result<T, String> {
+        self.ok_or_else(String::new)
+    }
+}
+
+impl<T, E: std::fmt::Debug> Ready<T> for Result<T, E> {
+    fn ready(self) -> Result<T, String> {
+        self.map_err(|e| format!("{e:?}"))
+    }
+}
+
+/// Poll `check` until it is ready and return its value; panic naming `what`
+/// (and the last state `check` reported) once [`SAFETY`] has passed.
+pub fn wait_until<T, R: Ready<T>>(what: &str, mut check: impl FnMut() -> R) -> T {
+    let deadline = Instant::now() + SAFETY;
+    loop {
+        let last = match check().ready() {
+            Ok(v) => return v,
+            Err(last) => last,
+        };
+        if Instant::now() >= deadline {
+            if last.is_empty() {
+                panic!("timed out after {SAFETY:?} waiting until {what}");
+            }
+            panic!("timed out after {SAFETY:?} waiting until {what}; last: {last}");
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Text shown as itself (not quoted) when a wait times out.
+pub struct Tail(pub String);
+
+impl std::fmt::Debug for Tail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "\n{}", self.0)
+    }
+}
+
+/// Wait for `child` to exit (`what` names the wait); at the deadline it is
+/// killed and the test fails.
+pub fn wait_exit(child: &mut Child, what: &str) -> ExitStatus {
+    /// Kills the child if the wait fails.
+    struct Guard<'a>(&'a mut Child);
+    impl Drop for Guard<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let guard = Guard(child);
+    wait_until(what, || guard.0.try_wait().expect("try_wait"))
+}
+
+/// [`Command::output`] with the safety deadline.
+pub trait BoundedOutput {
+    /// Like `output`: stdin is `/dev/null`, stdout and stderr are collected.
+    /// A child still running at the deadline is killed and the test fails.
+    fn bounded_output(&mut self) -> std::io::Result<Output>;
+}
+
+impl BoundedOutput for Command {
+    fn bounded_output(&mut self) -> std::io::Result<Output> {
+        fn collect<R: std::io::Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut buf);
+                }
+                buf
+            })
+        }
+        let mut child = self.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        let out = collect(child.stdout.take());
+        let err = collect(child.stderr.take());
+        let status = wait_exit(&mut child, "the command exits");
+        Ok(Output {
+            status,
+            stdout: join(out, "the command's stdout closes"),
+            stderr: join(err, "the command's stderr closes"),
+        })
+    }
+}
+
+/// Join a helper thread, failing the test if it has not finished by the
+/// deadline (a thread blocked in a read whose writer never closes).
+pub fn join<T>(handle: std::thread::JoinHandle<T>, what: &str) -> T {
+    wait_until(what, || handle.is_finished().then_some(()));
+    handle.join().unwrap_or_else(|_| panic!("the thread for {what} panicked"))
+}
 
 /// Path of the built binary (target/<profile>/snowluma-mcp next to this test's deps dir).
 pub fn bin_path() -> PathBuf {
@@ -95,18 +202,13 @@ impl Mcp {
     }
 
     /// Wait until stderr contains `needle` (the stderr reader runs on its
-    /// own thread, so a line may arrive after the response that follows it).
-    pub fn wait_stderr(&self, needle: &str) -> bool {
-        let deadline = std::time::Instant::now() + SAFETY;
-        loop {
-            if self.stderr_text().contains(needle) {
-                return true;
-            }
-            if std::time::Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    /// own thread, so a line may arrive after the response that follows it);
+    /// the test fails, showing stderr, if it never does.
+    pub fn wait_stderr(&self, needle: &str) {
+        wait_until(&format!("stderr contains {needle:?}"), || {
+            let text = self.stderr_text();
+            if text.contains(needle) { Ok(()) } else { Err(Tail(text)) }
+        })
     }
 
     pub fn send_raw(&mut self, line: &str) {
@@ -126,9 +228,15 @@ impl Mcp {
 
     /// Next line from stdout; every line must be JSON (stdout is the protocol).
     pub fn recv(&mut self) -> Value {
+        self.recv_before(Instant::now() + SAFETY)
+    }
+
+    /// Next line from stdout, which must arrive before `deadline` (for
+    /// loops of reads bounded as a whole).
+    pub fn recv_before(&mut self, deadline: Instant) -> Value {
         let line = self
             .lines
-            .recv_timeout(SAFETY)
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
             .unwrap_or_else(|_| panic!("no message from server; stderr:\n{}", self.stderr_text()));
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout carried a non-JSON line ({e}): {line}"))
     }
@@ -143,8 +251,9 @@ impl Mcp {
         if let Some(pos) = self.backlog.iter().position(|m| m.get("id") == Some(id) && m.get("method").is_none()) {
             return self.backlog.remove(pos).unwrap();
         }
+        let deadline = Instant::now() + SAFETY;
         loop {
-            let m = self.recv();
+            let m = self.recv_before(deadline);
             if m.get("id") == Some(id) && m.get("method").is_none() {
                 return m;
             }
@@ -245,14 +354,7 @@ impl Mcp {
     pub fn wait_worker(&mut self, role: &str) -> i32 {
         // A documentation call is answered only once the catalog worker is
         // up; for other roles poll /proc (bounded by the safety deadline).
-        let deadline = std::time::Instant::now() + SAFETY;
-        loop {
-            if let Some(p) = self.worker_pid(role) {
-                return p;
-            }
-            assert!(std::time::Instant::now() < deadline, "no {role} worker appeared");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(&format!("a {role} worker appears"), || self.worker_pid(role))
     }
 }
 

@@ -43,7 +43,7 @@ fn audit_cmd(args: &[&str], path: &Path, extra: &[&str], env: &[(&str, &str)]) -
         .args(extra)
         .env_clear()
         .envs(env.iter().copied())
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(out.stdout.is_empty(), "nothing on stdout");
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -93,8 +93,7 @@ fn refused_start(env: &[(&str, &str)]) -> String {
     let out = std::process::Command::new(bin_path())
         .env_clear()
         .envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .output()
+        .bounded_output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "startup should be refused: {err}");
@@ -345,7 +344,7 @@ fn records_removed_during_a_session_refuse_the_action_and_send_nothing() {
     let out = std::process::Command::new(bin_path())
         .env_clear()
         .env("SNOWLUMA_MCP_AUDIT_LOG", dir.join("missing-dir/audit.jsonl"))
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("SNOWLUMA_MCP_AUDIT_LOG"));
@@ -505,6 +504,8 @@ fn socket_peer_credentials_are_recorded() {
         .spawn()
         .unwrap();
     let mut w = ours.try_clone().unwrap();
+    // Every read below has the safety deadline.
+    ours.set_read_timeout(Some(SAFETY)).unwrap();
     let mut r = BufReader::new(ours);
     let mut line = String::new();
     for msg in [
@@ -528,7 +529,7 @@ fn socket_peer_credentials_are_recorded() {
     assert_eq!(recs.len(), 3);
     drop(w);
     drop(r);
-    let _ = child.wait();
+    let _ = wait_exit(&mut child, "the server exits");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -606,7 +607,7 @@ fn default_deny_allow_and_deny_lists() {
     let out = std::process::Command::new(bin_path())
         .env_clear()
         .env("SNOWLUMA_MCP_DENY_ACTIONS", "no_such_action")
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

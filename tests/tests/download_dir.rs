@@ -31,7 +31,7 @@ fn start(env: &[(&str, &str)]) -> Result<Mcp, String> {
     for (k, v) in &all {
         cmd.env(k, v);
     }
-    let out = cmd.output().unwrap();
+    let out = cmd.bounded_output().unwrap();
     if out.status.code() == Some(2) {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }

@@ -161,9 +161,7 @@ fn a_connection_closed_by_snowluma_between_calls_is_replaced() {
         let r = s.call("query_action", json!({"action": "get_status"}));
         assert_eq!(diag(&r)["outcome"], "success", "round {round}: {r}");
         // Wait until SnowLuma has really closed that connection.
-        while fake.fake.closed_by_server().len() < round {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until("SnowLuma closed the connection", || (fake.fake.closed_by_server().len() >= round).then_some(()));
         let r =
             s.call("invoke_action", json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "x"}}));
         assert!(!is_error(&r), "round {round}: {r}");
@@ -196,9 +194,9 @@ fn cancellation_aborts_the_http_exchange() {
     let id = json!(s.next_id());
     s.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "query_action", "arguments": {"action": "get_status"}}}));
     // Wait until the fake holds the request, then cancel.
-    while !fake.fake.requests().iter().any(|q| q.action.as_deref() == Some("get_status")) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("the fake holds the request", || {
+        fake.fake.requests().iter().any(|q| q.action.as_deref() == Some("get_status")).then_some(())
+    });
     s.notify("notifications/cancelled", json!({"requestId": id, "reason": "test"}));
     let closed = fake.rt.block_on(fake.fake.wait_closed_while_pending("get_status", SAFETY));
     assert!(closed, "the fake never saw the connection close");
@@ -225,7 +223,8 @@ fn traceparent_round_trip_and_header_forwarding() {
     assert_eq!(req.header("tracestate"), Some("vendor=abc"));
     assert!(req.header("baggage").is_none(), "baggage is never forwarded");
     assert!(!String::from_utf8_lossy(&req.body).contains("traceparent"), "never in OneBot params");
-    assert!(s.wait_stderr(&tp), "the call's diagnostic line names its traceparent");
+    // The call's diagnostic line names its traceparent.
+    s.wait_stderr(&tp);
     assert!(
         !s.stderr_text().contains("vendor=abc") && !s.stderr_text().contains("alice"),
         "tracestate and baggage are not logged"
@@ -239,7 +238,7 @@ fn traceparent_round_trip_and_header_forwarding() {
     assert!(!is_error(&r));
     let tp2 = r["_meta"]["traceparent"].as_str().unwrap();
     assert_eq!(tp2.len(), 55);
-    assert!(s.wait_stderr("invalid traceparent ignored"));
+    s.wait_stderr("invalid traceparent ignored");
 
     // Modern era too.
     let r = s.call_modern("query_action", json!({"action": "get_status"}), json!({"traceparent": parent}));

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use snowluma_e2e::{Fake, bin_path};
+use snowluma_e2e::{BoundedOutput, Fake, bin_path};
 
 #[derive(Debug, Clone, Copy)]
 enum Client {
@@ -79,7 +79,8 @@ fn run(client: Client, mode: &str, endpoint: Option<&str>, stream_dir: Option<&P
     if let Some(d) = stream_dir {
         cmd.env("INTEROP_STREAM_DIR", d);
     }
-    let out = cmd.output().unwrap_or_else(|e| panic!("{client:?}: cannot start the client ({e}); {SETUP_HINT}"));
+    let out =
+        cmd.bounded_output().unwrap_or_else(|e| panic!("{client:?}: cannot start the client ({e}); {SETUP_HINT}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -24,15 +24,8 @@ fn call_request(s: &mut Mcp, tool: &str, args: Value) -> Value {
     id
 }
 
-fn wait_exit(s: &mut Mcp) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + SAFETY;
-    loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            return st;
-        }
-        assert!(std::time::Instant::now() < deadline, "the server did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn server_exit(s: &mut Mcp) -> std::process::ExitStatus {
+    wait_exit(&mut s.child, "the server exits")
 }
 
 /// Lines of stderr above INFO (WARN, ERROR) and any abort.
@@ -59,7 +52,7 @@ fn stdin_eof_finishes_accepted_calls() {
     let result = &r["result"];
     assert_eq!(result["isError"], false, "{r}");
     assert_eq!(result["structuredContent"]["diagnostics"]["outcome"], "success");
-    assert!(wait_exit(&mut s).success());
+    assert!(server_exit(&mut s).success());
     assert_eq!(fake.fake.closed_while_pending(), Vec::<String>::new(), "the call was not abandoned");
 }
 
@@ -72,9 +65,9 @@ fn sigterm_after_eof_ends_at_once() {
     let mut s = session(&fake, "read", &[("SNOWLUMA_MCP_TIMEOUT_MS", "600000")]);
     call_request(&mut s, "query_action", json!({"action": "get_status"}));
     s.close_stdin();
-    assert!(s.wait_stderr("finishing the calls in flight"));
+    s.wait_stderr("finishing the calls in flight");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-    let st = wait_exit(&mut s);
+    let st = server_exit(&mut s);
     assert!(!st.success());
 }
 
@@ -88,16 +81,9 @@ fn spawner_death_ends_the_session() {
     let mut s = session(&fake, "read", &[]);
     s.wait_worker("network");
     let id = call_request(&mut s, "query_action", json!({"action": "get_status"}));
-    assert!(fake.rt.block_on(async {
-        let deadline = tokio::time::Instant::now() + SAFETY;
-        while !fake.fake.requests().iter().any(|r| r.action.as_deref() == Some("get_status")) {
-            if tokio::time::Instant::now() > deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        true
-    }));
+    wait_until("the fake holds the request", || {
+        fake.fake.requests().iter().any(|r| r.action.as_deref() == Some("get_status")).then_some(())
+    });
     let supervisor = s.child.id();
     let spawner = s
         .worker_pids()
@@ -110,7 +96,7 @@ fn spawner_death_ends_the_session() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(spawner), nix::sys::signal::Signal::SIGKILL).unwrap();
     let r = s.wait_for(&id);
     assert_eq!(r["result"]["isError"], true, "the call in flight is answered with an error: {r}");
-    let st = wait_exit(&mut s);
+    let st = server_exit(&mut s);
     assert!(!st.success(), "exit status {st}");
     let stderr = s.stderr_text();
     assert_eq!(stderr.matches("the spawner process died").count(), 1, "{stderr}");
@@ -133,7 +119,7 @@ fn normal_shutdown_is_quiet() {
                 s.call("list_categories", json!({}));
             }
             s.close_stdin();
-            let st = wait_exit(&mut s);
+            let st = server_exit(&mut s);
             assert!(st.success(), "{mode}: exit status {st}");
             // The workers report their end after the supervisor exits: wait for them.
             std::thread::sleep(Duration::from_millis(300));
@@ -143,6 +129,6 @@ fn normal_shutdown_is_quiet() {
     }
     let mut s = Mcp::spawn(&[]);
     s.close_stdin();
-    assert!(wait_exit(&mut s).success(), "EOF before initialize is an ordinary end");
+    assert!(server_exit(&mut s).success(), "EOF before initialize is an ordinary end");
     assert!(noisy_lines(&s.stderr_text()).is_empty());
 }

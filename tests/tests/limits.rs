@@ -30,11 +30,10 @@ fn count(fake: &Fake, action: &str) -> usize {
 }
 
 fn wait_count(fake: &Fake, action: &str, n: usize) {
-    let deadline = std::time::Instant::now() + SAFETY;
-    while count(fake, action) < n {
-        assert!(std::time::Instant::now() < deadline, "only {} {action} requests arrived", count(fake, action));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until(&format!("{n} {action} requests arrive"), || {
+        let c = count(fake, action);
+        if c >= n { Ok(()) } else { Err(format!("only {c} arrived")) }
+    });
 }
 
 /// 100 000 keyword terms (a 200 KB line) used to keep the catalog worker,
@@ -88,8 +87,9 @@ fn requests_in_flight_are_capped_per_session() {
     s.send(&json!({"jsonrpc": "2.0", "id": ping, "method": "ping"}));
     let mut answered_before_ping = 0;
     let mut seen = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + SAFETY;
     loop {
-        let m = s.recv();
+        let m = s.recv_before(deadline);
         let Some(id) = m["id"].as_i64() else { continue };
         if id == ping {
             break;
@@ -100,7 +100,7 @@ fn requests_in_flight_are_capped_per_session() {
     }
     assert!(answered_before_ping >= 300 - 255, "the ping was read only after calls finished: {answered_before_ping}");
     while seen.len() < ids.len() {
-        let m = s.recv();
+        let m = s.recv_before(deadline);
         if let Some(id) = m["id"].as_i64() {
             seen.insert(id);
         }

@@ -30,7 +30,7 @@ fn trace_session(payloads: bool) -> String {
     let r = s.call("invoke_action", json!({"action": "send_private_msg", "params": {"user_id": 1, "message": TEXT}}));
     assert!(!is_error(&r), "{r}");
     s.close_stdin();
-    s.child.wait().unwrap();
+    wait_exit(&mut s.child, "the server exits");
     // Workers log until they see the supervisor go.
     std::thread::sleep(std::time::Duration::from_millis(300));
     s.stderr_text()
@@ -58,7 +58,7 @@ fn an_invalid_log_filter_is_a_startup_error() {
             .env_clear()
             .env(var, value)
             .stdin(std::process::Stdio::null())
-            .output()
+            .bounded_output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{var}={value}");
         assert!(String::from_utf8_lossy(&out.stderr).contains(var));

@@ -179,27 +179,28 @@ fn exits_cleanly_when_stdin_closes() {
     s.initialize("2025-11-25");
     let worker = s.wait_worker("catalog");
     s.close_stdin();
-    let status = s.child.wait().unwrap();
+    let status = wait_exit(&mut s.child, "the server exits");
     assert!(status.success(), "{status:?}");
     // The worker goes away with its supervisor (its socket closes).
-    let deadline = std::time::Instant::now() + SAFETY;
-    while std::path::Path::new(&format!("/proc/{worker}")).exists()
-        && std::fs::read_to_string(format!("/proc/{worker}/stat")).map(|s| !s.contains(") Z")).unwrap_or(false)
-    {
-        assert!(std::time::Instant::now() < deadline, "catalog worker outlived the supervisor");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_until("the catalog worker goes away with the supervisor", || {
+        let alive = std::path::Path::new(&format!("/proc/{worker}")).exists()
+            && std::fs::read_to_string(format!("/proc/{worker}/stat")).map(|s| !s.contains(") Z")).unwrap_or(false);
+        (!alive).then_some(())
+    });
 }
 
 #[test]
 fn configuration_errors_are_one_clear_line() {
-    let out =
-        std::process::Command::new(bin_path()).env_clear().env("SNOWLUMA_MCP_TIMEOUT_MS", "soon").output().unwrap();
+    let out = std::process::Command::new(bin_path())
+        .env_clear()
+        .env("SNOWLUMA_MCP_TIMEOUT_MS", "soon")
+        .bounded_output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(out.stdout.is_empty(), "nothing on stdout");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("SNOWLUMA_MCP_TIMEOUT_MS") && err.contains("soon"), "{err}");
-    let out = std::process::Command::new(bin_path()).arg("--version").env_clear().output().unwrap();
+    let out = std::process::Command::new(bin_path()).arg("--version").env_clear().bounded_output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
 }
 
@@ -213,7 +214,7 @@ fn endpoint_errors_are_exact_and_never_show_a_query() {
             .env_clear()
             .env("SNOWLUMA_MCP_ENDPOINT", endpoint)
             .stdin(std::process::Stdio::null())
-            .output()
+            .bounded_output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{endpoint}");
         String::from_utf8_lossy(&out.stderr).into_owned()
@@ -228,7 +229,7 @@ fn endpoint_errors_are_exact_and_never_show_a_query() {
         .env_clear()
         .env("SNOWLUMA_MCP_EVENTS_URL", "ws://127.0.0.1:3001/?access_token=s3cret")
         .stdin(std::process::Stdio::null())
-        .output()
+        .bounded_output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2));
@@ -255,15 +256,25 @@ fn terminal_stdin_gets_a_hint_and_is_still_served() {
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tty", "version": "1"}}});
     master.write_all(format!("{init}\n").as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let first_line = std::thread::spawn(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    });
+    let line = join(first_line, "the reply to initialize");
     let reply: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(reply["result"]["serverInfo"]["name"], "snowluma-mcp");
     // Ctrl-D ends the session.
     master.write_all(&[4]).unwrap();
-    let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    assert!(child.wait().unwrap().success());
+    let mut child_stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut stderr = String::new();
+        child_stderr.read_to_string(&mut stderr).unwrap();
+        stderr
+    });
+    let stderr = join(stderr, "the server's stderr closes");
+    assert!(wait_exit(&mut child, "the server exits").success());
     assert!(stderr.contains("MCP server for stdio"), "{stderr}");
     assert!(stderr.contains("claude mcp add snowluma"), "{stderr}");
     assert!(stderr.contains("snowluma-mcp doctor"), "{stderr}");
@@ -275,7 +286,7 @@ fn no_hint_when_a_client_spawns_it() {
     let mut s = Mcp::spawn(&[]);
     s.initialize("2025-11-25");
     // The hint would come before this line.
-    assert!(s.wait_stderr("snowluma-mcp ready"));
+    s.wait_stderr("snowluma-mcp ready");
     assert!(!s.stderr_text().contains("MCP server for stdio"));
 }
 
@@ -283,7 +294,7 @@ fn no_hint_when_a_client_spawns_it() {
 /// those without a flag.
 #[test]
 fn help_lists_every_variable() {
-    let out = std::process::Command::new(bin_path()).arg("--help").output().unwrap();
+    let out = std::process::Command::new(bin_path()).arg("--help").bounded_output().unwrap();
     let help = String::from_utf8(out.stdout).unwrap();
     assert!(help.contains("stdio server"), "{help}");
     for var in [

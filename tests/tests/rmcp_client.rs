@@ -4,7 +4,7 @@
 use rmcp::model::{CallToolRequestParams, ProtocolVersion};
 use rmcp::{ClientLifecycleMode, ClientServiceExt};
 use serde_json::json;
-use snowluma_e2e::bin_path;
+use snowluma_e2e::{SAFETY, bin_path};
 
 fn command() -> tokio::process::Command {
     let mut c = tokio::process::Command::new(bin_path());
@@ -42,10 +42,11 @@ async fn session(mode: ClientLifecycleMode) {
 
 #[tokio::test]
 async fn legacy_session_through_rmcp_client() {
-    session(ClientLifecycleMode::Initialize).await;
+    tokio::time::timeout(SAFETY, session(ClientLifecycleMode::Initialize)).await.expect("the session timed out");
 }
 
 #[tokio::test]
 async fn modern_session_through_rmcp_client() {
-    session(ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] }).await;
+    let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+    tokio::time::timeout(SAFETY, session(mode)).await.expect("the session timed out");
 }

@@ -18,7 +18,7 @@ use std::thread;
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use serde_json::{Value, json};
-use snowluma_e2e::{SAFETY, bin_path};
+use snowluma_e2e::{bin_path, join, wait_exit};
 
 const BURST: i64 = 200;
 
@@ -156,11 +156,11 @@ fn run(stdin: End, stdout: End) -> (Option<Vec<u8>>, Vec<u8>) {
             out
         })
     });
-    let status = wait_with_deadline(&mut child, &label);
+    let status = wait_exit(&mut child, &format!("{label}: the server exits after stdin's EOF"));
     assert!(status.success(), "{label}: exit status {status}");
-    let back = writer.map(|w| w.join().unwrap()).unwrap_or_default();
+    let back = writer.map(|w| join(w, &format!("{label}: stdin's writer finishes"))).unwrap_or_default();
     let out = match (stdout, reader) {
-        (_, Some(r)) => Some(r.join().unwrap()),
+        (_, Some(r)) => Some(join(r, &format!("{label}: stdout closes"))),
         (End::File, None) => {
             let mut f = File::open(&out_path).unwrap();
             f.rewind().unwrap();
@@ -172,20 +172,6 @@ fn run(stdin: End, stdout: End) -> (Option<Vec<u8>>, Vec<u8>) {
     };
     let _ = std::fs::remove_dir_all(&dir);
     (out, back)
-}
-
-fn wait_with_deadline(child: &mut std::process::Child, label: &str) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + SAFETY;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{label}: the server did not exit after stdin's EOF");
-        }
-        thread::sleep(std::time::Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -225,10 +211,14 @@ fn one_shared_socket_carries_both_directions() {
         // Half-close: EOF for the server's reads, replies still flow back.
         nix::sys::socket::shutdown(f.as_raw_fd(), nix::sys::socket::Shutdown::Write).unwrap();
     });
-    let mut out = Vec::new();
-    File::from(ours).read_to_end(&mut out).unwrap();
-    writer.join().unwrap();
-    let status = wait_with_deadline(&mut child, "shared socket");
+    let reader = thread::spawn(move || {
+        let mut out = Vec::new();
+        File::from(ours).read_to_end(&mut out).unwrap();
+        out
+    });
+    let out = join(reader, "shared socket: the replies end");
+    join(writer, "shared socket: the requests are written");
+    let status = wait_exit(&mut child, "shared socket: the server exits after stdin's EOF");
     assert!(status.success(), "shared socket: exit status {status}");
     check("shared socket", &out);
 }
@@ -252,10 +242,14 @@ fn stdout_and_stderr_on_one_pipe() {
         .spawn()
         .unwrap();
     let writer = thread::spawn(move || File::from(in_w).write_all(&requests()).unwrap());
-    let mut out = Vec::new();
-    File::from(r).read_to_end(&mut out).unwrap();
-    writer.join().unwrap();
-    let status = wait_with_deadline(&mut child, "2>&1");
+    let reader = thread::spawn(move || {
+        let mut out = Vec::new();
+        File::from(r).read_to_end(&mut out).unwrap();
+        out
+    });
+    let out = join(reader, "2>&1: the output ends");
+    join(writer, "2>&1: the requests are written");
+    let status = wait_exit(&mut child, "2>&1: the server exits after stdin's EOF");
     assert!(status.success(), "2>&1: exit status {status}");
     let text = String::from_utf8(out).unwrap();
     assert!(text.contains("stdout=\"blocking\""), "the shared pipe is written by the blocking writer");

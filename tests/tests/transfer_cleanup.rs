@@ -79,20 +79,16 @@ fn counts(e: &Env) -> [usize; 3] {
 /// settling may hold a descriptor for a moment); fail with the last counts
 /// otherwise.
 fn settle_at(e: &Env, baseline: [usize; 3]) {
-    let deadline = std::time::Instant::now() + SAFETY;
-    loop {
+    wait_until("the descriptor counts are back at the baseline", || {
         let now = counts(e);
         // At most: the baseline itself may catch a descriptor of the
         // warm-up call on its way to being closed.
         if now.iter().zip(baseline).all(|(n, b)| *n <= b) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("descriptors (supervisor, executor, files): {now:?}, baseline {baseline:?}"))
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "descriptors (supervisor, executor, files): {now:?}, baseline {baseline:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
 }
 
 fn parts(dir: &Path) -> Vec<String> {
@@ -139,11 +135,10 @@ fn cancels_and_refusals_leak_no_descriptor() {
     // Four generic streams that never finish take every stream slot.
     e.fake.fake.set_fault("test_download_stream", Fault::StreamThenHang(vec![]));
     let hanging: Vec<i64> = (0..4).map(|_| call_id(&mut e.s, json!({"action": "test_download_stream"}))).collect();
-    let deadline = std::time::Instant::now() + SAFETY;
-    while e.fake.fake.requests().iter().filter(|r| r.action.as_deref() == Some("test_download_stream")).count() < 4 {
-        assert!(std::time::Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("four streams reach the fake", || {
+        let n = e.fake.fake.requests().iter().filter(|r| r.action.as_deref() == Some("test_download_stream")).count();
+        (n >= 4).then_some(())
+    });
     let busy = counts(&e);
     for _ in 0..200 {
         let r = e.s.call("invoke_action", upload.clone());
@@ -172,11 +167,10 @@ fn a_cancel_at_any_instant_leaves_no_partial_file() {
     }
     let r = e.s.call("list_categories", json!({}));
     assert!(!is_error(&r));
-    let deadline = std::time::Instant::now() + SAFETY;
-    while !parts(&e.dir).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "partial files left: {:?}", parts(&e.dir));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("no partial file is left", || {
+        let left = parts(&e.dir);
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    });
 }
 
 /// The file-transfer worker is killed while a download runs; its successor
@@ -189,26 +183,17 @@ fn a_restarted_files_worker_aborts_its_predecessors_partial_file() {
         Fault::StreamThenHang(vec![json!({"status": "ok", "retcode": 0, "data": {"type": "stream", "data_type": "file_info", "file_name": "x.bin", "file_size": 1000, "total_chunks": 1}})]),
     );
     let id = call_id(&mut e.s, json!({"action": "download_file_stream", "params": {"file": "x.bin"}}));
-    let deadline = std::time::Instant::now() + SAFETY;
-    while parts(&e.dir).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "no partial file appeared");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("a partial file appears", || (!parts(&e.dir).is_empty()).then_some(()));
     let old = e.s.worker_pid("files").unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let deadline = std::time::Instant::now() + SAFETY;
-    while e.s.worker_pid("files").is_none_or(|p| p == old) {
-        assert!(std::time::Instant::now() < deadline, "the files worker was not restarted");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("the files worker is restarted", || e.s.worker_pid("files").filter(|p| *p != old));
     cancel(&mut e.s, id);
     let r = e.s.call("list_categories", json!({}));
     assert!(!is_error(&r));
-    let deadline = std::time::Instant::now() + SAFETY;
-    while !parts(&e.dir).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "partial files left: {:?}", parts(&e.dir));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("no partial file is left", || {
+        let left = parts(&e.dir);
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    });
 }
 
 /// `.part` files of our naming scheme left by a killed session are removed

@@ -191,11 +191,7 @@ fn at_most_four_streams_at_once() {
         e.s.send(&json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"invoke_action","arguments":{"action":"test_download_stream"}}}));
         ids.push(id);
     }
-    let deadline = std::time::Instant::now() + SAFETY;
-    while e.fake.fake.requests().len() < 4 {
-        assert!(std::time::Instant::now() < deadline);
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until("four streams reach the fake", || (e.fake.fake.requests().len() >= 4).then_some(()));
     let r = e.s.call("invoke_action", json!({"action": "test_download_stream"}));
     assert!(is_error(&r));
     assert!(text(&r).contains("limit reached (4)"), "{}", text(&r));
@@ -204,15 +200,10 @@ fn at_most_four_streams_at_once() {
     }
     e.fake.fake.clear_fault("test_download_stream");
     // Cancelled streams free their places.
-    let deadline = std::time::Instant::now() + SAFETY;
-    loop {
+    wait_until("the stream places are freed", || {
         let r = e.s.call("invoke_action", json!({"action": "test_download_stream"}));
-        if !is_error(&r) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "stream places never freed");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+        (!is_error(&r)).then_some(())
+    });
 }
 
 #[test]
@@ -225,24 +216,16 @@ fn cancelling_a_download_leaves_no_file() {
     let id = json!(e.s.next_id());
     e.s.send(&json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"invoke_action","arguments":{"action":"download_file_stream","params":{"file":"x"}}}}));
     // Wait until the partial file holds the first bytes, then cancel.
-    let deadline = std::time::Instant::now() + SAFETY;
-    loop {
-        let part = files_in(&stream_dir(&e.dir)).into_iter().find(|f| f.ends_with(".part"));
-        if let Some(p) = part
-            && std::fs::metadata(stream_dir(&e.dir).join(p)).map(|m| m.len() >= 8).unwrap_or(false)
-        {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "download never started");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until("the download starts", || {
+        let part = files_in(&stream_dir(&e.dir)).into_iter().find(|f| f.ends_with(".part"))?;
+        std::fs::metadata(stream_dir(&e.dir).join(part)).is_ok_and(|m| m.len() >= 8).then_some(())
+    });
     e.s.notify("notifications/cancelled", json!({"requestId": id}));
     assert!(e.fake.rt.block_on(e.fake.fake.wait_closed_while_pending("download_file_stream", SAFETY)));
-    let deadline = std::time::Instant::now() + SAFETY;
-    while !files_in(&stream_dir(&e.dir)).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "partial file left: {:?}", files_in(&stream_dir(&e.dir)));
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until("no partial file is left", || {
+        let left = files_in(&stream_dir(&e.dir));
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    });
     // Still serving, and no response for the cancelled request.
     assert!(!is_error(&e.s.call("list_categories", json!({}))));
     assert!(e.s.backlog.iter().all(|m| m.get("id") != Some(&id)));
@@ -361,16 +344,9 @@ fn a_failed_or_cancelled_upload_resets_the_remote_stream() {
     e.fake.fake.set_fault("upload_file_stream", Fault::Hang);
     let id = json!(e.s.next_id());
     e.s.send(&json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"invoke_action","arguments":{"action":"upload_file_stream","execution":{"input_file": path.display().to_string()}}}}));
-    let deadline = std::time::Instant::now() + SAFETY;
-    while e.fake.fake.requests().is_empty() {
-        assert!(std::time::Instant::now() < deadline);
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until("the upload reaches the fake", || (!e.fake.fake.requests().is_empty()).then_some(()));
     e.s.notify("notifications/cancelled", json!({"requestId": id}));
-    while resets(&e) == 0 {
-        assert!(std::time::Instant::now() < deadline, "no reset after cancellation");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until("a reset follows the cancellation", || (resets(&e) > 0).then_some(()));
 }
 
 fn progress_for<'a>(msgs: impl Iterator<Item = &'a Value>, token: &str) -> Vec<(f64, Option<f64>)> {

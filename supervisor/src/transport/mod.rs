@@ -1,0 +1,190 @@
+//! Our stdio transport: newline-delimited JSON-RPC with the robustness that
+//! rmcp's own stdio transport lacks.
+//!
+//! * A line that is not JSON gets a `-32700` parse error; a JSON value that
+//!   is not a JSON-RPC message gets `-32600`; a known method with unusable
+//!   params gets `-32602`; a line over [`MAX_LINE_BYTES`] gets `-32600`
+//!   with the request id when it can be recovered. The server keeps serving.
+//! * Until the MCP lifecycle has started (an `initialize`, or a modern
+//!   request with complete `_meta` naming a supported version), notifications
+//!   and stray responses are dropped: rmcp would otherwise end the session.
+//! * Responses to modern (2026-07-28) requests carry
+//!   `_meta["io.modelcontextprotocol/serverInfo"]`.
+//!
+//! Nothing but protocol messages is ever written to stdout.
+//!
+//! Parts: [`line`] reads stdin line by line; [`envelope`] checks each
+//! line's JSON-RPC envelope and parses it; [`fast`] holds the hot path's
+//! shortcuts around rmcp's generic types; [`session`] keeps the budget of
+//! calls in flight and the session's end; [`writer`] writes to stdout. This
+//! file ties them into rmcp's `Transport`.
+
+mod envelope;
+mod fast;
+mod line;
+mod session;
+mod writer;
+
+use std::sync::{Arc, Mutex};
+
+use rmcp::RoleServer;
+use rmcp::model::JsonRpcMessage;
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use serde_json::Value;
+use tokio::io::AsyncRead;
+
+use crate::stdio::Output;
+use envelope::Reject;
+pub use line::MAX_LINE_BYTES;
+use line::{Line, LineReader, recover_id};
+use session::{Admission, State};
+use writer::Out;
+pub use writer::StdoutState;
+
+pub struct LineTransport {
+    reader: LineReader,
+    /// Whether the end of stdin with calls in flight was logged (rmcp may
+    /// drop and re-poll `receive` while they finish).
+    eof_logged: bool,
+    out: Arc<Out>,
+    state: Arc<Mutex<State>>,
+    server_info: Arc<Value>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("stdout: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("serialize: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl LineTransport {
+    pub fn new(
+        input: Box<dyn AsyncRead + Send + Sync + Unpin>,
+        output: Output,
+        unread: Option<crate::stdio::Unread>,
+        server_info: Value,
+    ) -> LineTransport {
+        LineTransport {
+            reader: LineReader::new(input),
+            eof_logged: false,
+            out: Arc::new(Out::new(output, unread)),
+            state: Arc::default(),
+            server_info: Arc::new(server_info),
+        }
+    }
+
+    /// stdin/stdout, each direction driven according to what the host gave
+    /// us (see [`crate::stdio`]).
+    pub fn stdio(server_info: Value) -> LineTransport {
+        let io = crate::stdio::open();
+        tracing::debug!(stdin = io.in_kind.as_str(), stdout = io.out_kind.as_str(), "stdio");
+        LineTransport::new(io.input, io.output, io.unread, server_info)
+    }
+
+    /// Set once stdout has failed: the session ended because the client is
+    /// gone, not because it finished.
+    pub fn stdout_state(&self) -> StdoutState {
+        StdoutState(self.out.clone())
+    }
+}
+
+fn id_key(id: &rmcp::model::RequestId) -> String {
+    serde_json::to_string(id).unwrap_or_default()
+}
+
+impl Transport<RoleServer> for LineTransport {
+    type Error = TransportError;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let out = self.out.clone();
+        let state = self.state.clone();
+        let server_info = self.server_info.clone();
+        async move {
+            let id = match &item {
+                JsonRpcMessage::Response(r) => Some(id_key(&r.id)),
+                JsonRpcMessage::Error(e) => e.id.as_ref().map(id_key),
+                _ => None,
+            };
+            let modern = match id {
+                Some(key) => state.lock().map(|mut s| s.answered(&key)).unwrap_or(false),
+                None => false,
+            };
+            let line = writer::encode(&item, modern, &server_info)?;
+            out.deliver(&item, line).await;
+            Ok(())
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            if self.out.is_gone() {
+                return None;
+            }
+            self.wait_for_budget().await;
+            let out = self.out.clone();
+            // `read_line` is cancel-safe, so losing this race loses no input.
+            let read = tokio::select! {
+                () = out.gone_notify.notified() => return None,
+                r = self.reader.read_line() => r,
+            };
+            let line = match read {
+                Ok(Line::Eof) => return self.drain_at_eof().await,
+                Ok(Line::Full(bytes)) => bytes,
+                Ok(Line::TooLong(prefix)) => {
+                    tracing::warn!(limit = MAX_LINE_BYTES, "input message over the size limit rejected");
+                    self.out.reply_error(
+                        recover_id(&prefix),
+                        -32600,
+                        format!("message exceeds the {MAX_LINE_BYTES}-byte limit"),
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "stdin read failed; ending the session");
+                    return None;
+                }
+            };
+            let trimmed = line.trim_ascii();
+            if trimmed.is_empty() {
+                continue;
+            }
+            // A cheap look at the envelope (method, id, `_meta` version),
+            // then the typed parse, straight from the bytes.
+            let parsed = envelope::peek(trimmed).and_then(|peek| envelope::parse(trimmed, &peek).map(|m| (peek, m)));
+            let (peek, msg) = match parsed {
+                Ok(x) => x,
+                Err(Reject::Error { id, code, message }) => {
+                    self.out.reply_error(id, code, message);
+                    continue;
+                }
+                Err(Reject::Drop) => continue,
+                Err(Reject::DropLogged(why)) => {
+                    tracing::debug!("{why}");
+                    continue;
+                }
+            };
+            if let Ok(mut st) = self.state.lock() {
+                match st.admit(&peek, trimmed.len()) {
+                    Admission::Early => {
+                        tracing::debug!("dropping a notification or response that arrived before the session started");
+                        continue;
+                    }
+                    Admission::Pass { cancelled: true } => self.out.answered.notify_one(),
+                    Admission::Pass { cancelled: false } => {}
+                }
+            }
+            return Some(msg);
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.out.w.lock().await.flush().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,186 @@
+//! Classifying SnowLuma's answers: a OneBot envelope's outcome (`success`,
+//! `failed`, `unknown`) from its `status`, `retcode` and wording, read from
+//! a response body without building it as a `Value`; and the nesting depth
+//! a response may have.
+
+use serde_json::Value;
+use snowluma_proto::{Diagnostics, FailureKind};
+
+/// SnowLuma's wording is copied into `diagnostics.message` up to this many
+/// characters (the whole envelope, wording included, stays in the result).
+pub const MAX_WORDING_CHARS: usize = 1024;
+/// Deepest nesting of a response accepted: what the supervisor's JSON parser
+/// (serde_json's default limit) can represent. Deeper is an invalid response,
+/// never a success with a null result.
+pub const MAX_RESPONSE_DEPTH: usize = 128;
+
+/// The deepest nesting of arrays and objects in JSON text (valid JSON:
+/// brackets inside strings are skipped). One pass, no allocation.
+pub(super) fn nesting_depth(json: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// SnowLuma's human-readable reason in an envelope or frame, if any.
+pub(super) fn wording(env: &Value) -> Option<String> {
+    first_wording(["wording", "message", "msg"].map(|k| env.get(k).and_then(Value::as_str)))
+}
+
+/// The first non-empty of `wording`, `message`, `msg` (in that order).
+fn first_wording(candidates: [Option<&str>; 3]) -> Option<String> {
+    candidates.into_iter().flatten().find(|s| !s.is_empty()).map(str::to_owned)
+}
+
+/// Classify a OneBot envelope.
+pub fn classify(env: &Value) -> Diagnostics {
+    classify_fields(env.get("status").and_then(Value::as_str), env.get("retcode").and_then(Value::as_i64), wording(env))
+}
+
+/// The envelope fields that decide an outcome, read without building the
+/// whole response as a `Value` (the response text itself is passed on
+/// unchanged). Every other field is skipped, though still checked as JSON.
+#[derive(serde::Deserialize)]
+struct EnvelopeFields {
+    #[serde(default)]
+    status: Option<Value>,
+    #[serde(default)]
+    retcode: Option<Value>,
+    #[serde(default)]
+    wording: Option<Value>,
+    #[serde(default)]
+    message: Option<Value>,
+    #[serde(default)]
+    msg: Option<Value>,
+}
+
+/// Classify a response body that must be a JSON object; `None` when it is
+/// not one (the caller reports why). Same answers as [`classify`].
+pub(super) fn classify_body(body: &[u8]) -> Option<Diagnostics> {
+    // A derived struct would also accept an array (fields by position).
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    let f: EnvelopeFields = match serde_json::from_slice(body) {
+        Ok(f) => f,
+        // Not an object, or an object this shortcut cannot read (e.g. a
+        // duplicate key): the general path decides.
+        Err(_) => {
+            let v: Value = serde_json::from_slice(body).ok()?;
+            return v.is_object().then(|| classify(&v));
+        }
+    };
+    let wording = first_wording([&f.wording, &f.message, &f.msg].map(|v| v.as_ref().and_then(Value::as_str)));
+    Some(classify_fields(
+        f.status.as_ref().and_then(Value::as_str),
+        f.retcode.as_ref().and_then(Value::as_i64),
+        wording,
+    ))
+}
+
+fn classify_fields(status: Option<&str>, retcode: Option<i64>, wording: Option<String>) -> Diagnostics {
+    match (status, retcode) {
+        (Some("ok"), Some(0)) => Diagnostics::success(),
+        (Some("async"), _) | (_, Some(1)) => Diagnostics::unknown(
+            FailureKind::AsyncAcknowledged,
+            "SnowLuma accepted the action asynchronously; its outcome is not confirmed",
+        )
+        .with_next_step("Check the action's effect before repeating it."),
+        (Some("failed"), _) | (_, Some(_)) if retcode != Some(0) || status == Some("failed") => {
+            let rc = retcode.map(|r| r.to_string()).unwrap_or_else(|| "none".into());
+            let msg = match &wording {
+                Some(w) if w.chars().count() > MAX_WORDING_CHARS => {
+                    let head: String = w.chars().take(MAX_WORDING_CHARS).collect();
+                    format!(
+                        "SnowLuma reported a failure (retcode {rc}): {head}… (wording cut; the whole envelope is the result)"
+                    )
+                }
+                Some(w) => format!("SnowLuma reported a failure (retcode {rc}): {w}"),
+                None => format!("SnowLuma reported a failure (retcode {rc})"),
+            };
+            let next = match retcode {
+                Some(1400) => "Check the params against get_action's inputSchema.",
+                Some(1401) | Some(1403) => "SNOWLUMA_MCP_TOKEN must match SnowLuma's access token.",
+                Some(1404) => "The connected SnowLuma does not offer this action; the catalog is a bundled snapshot.",
+                Some(1413) => "The request body is too large; send big files with upload_file_stream.",
+                _ => "Read the wording; fix the cause before trying again.",
+            };
+            Diagnostics::failed(FailureKind::BusinessFailure, msg).with_next_step(next)
+        }
+        _ => {
+            Diagnostics::unknown(FailureKind::Unconfirmed, "the response does not confirm success (no status/retcode)")
+                .with_next_step("Check the action's effect before repeating it.")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use snowluma_proto::Outcome;
+
+    use super::*;
+
+    #[test]
+    fn nesting_depth_skips_strings() {
+        assert_eq!(nesting_depth(br#"{"a":[1,{"b":"[[[{{"}]}"#), 3);
+        assert_eq!(nesting_depth(br#"{"a":"\"[[["}"#), 1);
+        assert_eq!(nesting_depth(b"1"), 0);
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(nesting_depth(deep.as_bytes()), 100_000);
+    }
+
+    #[test]
+    fn long_wording_is_cut_in_the_message() {
+        let w = "x".repeat(9 * 1024 * 1024);
+        let d = classify_fields(Some("failed"), Some(100), Some(w));
+        assert!(d.message.unwrap().len() < MAX_WORDING_CHARS + 200);
+    }
+
+    #[test]
+    fn classifies_envelopes() {
+        assert_eq!(classify(&json!({"status":"ok","retcode":0,"data":null})).outcome, Outcome::Success);
+        // The shortcut on response bodies agrees with the Value path.
+        for body in [
+            r#"{"status":"ok","retcode":0,"data":{"online":true}}"#,
+            r#"{"status":"failed","retcode":1400,"data":null,"wording":"group_id: is required"}"#,
+            r#"{"status":"failed","retcode":1404,"message":"","msg":"no such action"}"#,
+            r#"{"status":"async","retcode":1}"#,
+            r#"{"data":{}}"#,
+            r#"{"status":"ok","retcode":100}"#,
+            r#"{"status":"ok","retcode":"0"}"#,
+            r#"{"status":"ok","status":"failed","retcode":0}"#,
+        ] {
+            let v: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(classify_body(body.as_bytes()), Some(classify(&v)), "{body}");
+        }
+        for not_object in [&b"[1,2]"[..], b"\"ok\"", b"{\"status\":", b"", b"{} x"] {
+            assert_eq!(classify_body(not_object), None);
+        }
+        let d = classify(&json!({"status":"failed","retcode":1400,"data":null,"wording":"group_id: is required"}));
+        assert_eq!((d.outcome, d.kind), (Outcome::Failed, Some(FailureKind::BusinessFailure)));
+        assert!(d.message.unwrap().contains("group_id"));
+        assert_eq!(classify(&json!({"status":"async","retcode":1})).outcome, Outcome::Unknown);
+        assert_eq!(classify(&json!({"data":{}})).outcome, Outcome::Unknown);
+        assert_eq!(classify(&json!({"status":"ok","retcode":100})).outcome, Outcome::Failed);
+    }
+}

@@ -1,0 +1,99 @@
+//! The network executor: the only process that opens connections to
+//! SnowLuma and the only one that holds the endpoint and token (received
+//! over IPC after the handshake, never from the environment).
+//!
+//! One `reqwest` client with a keep-alive pool POSTs `{action, params}` to
+//! the endpoint exactly as configured. Every request carries the call's
+//! `traceparent` (and validated `tracestate`) as HTTP headers, never in the
+//! OneBot params. Nothing is retried. Cancellation drops the exchange,
+//! including a body still being read, which closes the connection.
+//!
+//! Parts: [`client`] (the HTTP client and ordinary calls), [`envelope`]
+//! (classifying SnowLuma's answers), [`frames`] (stream framing),
+//! [`streams`] (stream actions), [`errors`] (how failures are reported).
+
+mod client;
+mod envelope;
+mod errors;
+mod frames;
+mod streams;
+
+use std::os::fd::FromRawFd;
+use std::sync::OnceLock;
+
+use snowluma_proto::{ExecRequest, Reply, Request, ToolReply, WorkerConfig, WorkerError};
+
+pub use client::MAX_ACTIVE_CALLS;
+pub(crate) use client::{Net, request};
+pub use envelope::{MAX_RESPONSE_DEPTH, MAX_WORDING_CHARS, classify};
+pub(crate) use errors::{cancelled, reqwest_failure, transport_failure};
+pub(crate) use frames::frame_failure;
+pub use frames::{FrameSplitter, MAX_FRAME_BYTES};
+pub(crate) use streams::for_each_frame;
+pub use streams::{MAX_ACTIVE_STREAMS, MAX_GENERIC_FRAMES, MAX_GENERIC_TEXT};
+
+use crate::serve::{Ctx, RoleHandler};
+
+/// Largest ordinary response body accepted. The body travels unchanged as
+/// the reply's result, so it must fit in one IPC frame with the rest of the
+/// reply (diagnostics, whose echoed wording is capped at
+/// [`MAX_WORDING_CHARS`]): a larger body is refused here with a clear error
+/// instead of producing a reply that cannot be sent.
+pub const MAX_BODY_BYTES: usize = snowluma_proto::MAX_FRAME_BYTES - 1024 * 1024;
+
+#[derive(Default)]
+pub struct NetworkWorker {
+    net: OnceLock<Net>,
+    /// File descriptors handed over by the supervisor for transfers.
+    fds: OnceLock<snowluma_proto::fdpass::FdReceiver>,
+}
+
+impl NetworkWorker {
+    /// Claims the inherited descriptor channel, if any. Call once, at startup.
+    pub fn from_inherited() -> NetworkWorker {
+        NetworkWorker { net: OnceLock::new(), fds: OnceLock::new() }
+    }
+}
+
+impl RoleHandler for NetworkWorker {
+    fn configure(&self, config: WorkerConfig) -> Result<(), String> {
+        match config {
+            WorkerConfig::Network(cfg) => {
+                let net = client::build(cfg)?;
+                // SAFETY: F_GETFD only queries the descriptor table.
+                let open = unsafe { nix::libc::fcntl(snowluma_proto::NETWORK_FD_CHANNEL, nix::libc::F_GETFD) } >= 0;
+                if open {
+                    // SAFETY: the supervisor placed the fd channel here before exec;
+                    // configure runs once, so nothing else takes ownership of it.
+                    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(snowluma_proto::NETWORK_FD_CHANNEL) };
+                    let rx = snowluma_proto::fdpass::FdReceiver::spawn(fd).map_err(|e| format!("fd channel: {e}"))?;
+                    let _ = self.fds.set(rx);
+                }
+                self.net.set(net).map_err(|_| "already configured".to_owned())
+            }
+            _ => Err("network executor needs a network configuration".into()),
+        }
+    }
+
+    async fn handle(&self, request: Request, ctx: Ctx) -> Reply {
+        let Some(net) = self.net.get() else {
+            return Reply::Error(WorkerError::Internal("not configured".into()));
+        };
+        match request {
+            Request::Execute(req) => Reply::Tool(execute(net, self.fds.get(), req, &ctx).await),
+            _ => Reply::Error(WorkerError::Unsupported),
+        }
+    }
+}
+
+async fn execute(
+    net: &Net,
+    fds: Option<&snowluma_proto::fdpass::FdReceiver>,
+    req: ExecRequest,
+    ctx: &Ctx,
+) -> ToolReply {
+    if req.stream {
+        return streams::execute(net, fds, req, ctx).await;
+    }
+    client::call(net, &req, ctx).await
+}
