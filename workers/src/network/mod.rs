@@ -23,21 +23,18 @@ use std::sync::OnceLock;
 
 use snowluma_proto::{ExecRequest, Reply, Request, ToolReply, WorkerConfig, WorkerError};
 
-pub use client::MAX_ACTIVE_CALLS;
 pub(crate) use client::{Net, request};
-pub use envelope::{MAX_RESPONSE_DEPTH, MAX_WORDING_CHARS, classify};
 pub(crate) use errors::{cancelled, reqwest_failure, transport_failure};
 pub(crate) use frames::frame_failure;
 pub use frames::{FrameSplitter, MAX_FRAME_BYTES};
 pub(crate) use streams::for_each_frame;
-pub use streams::{MAX_ACTIVE_STREAMS, MAX_GENERIC_FRAMES, MAX_GENERIC_TEXT};
 
 use crate::serve::{Ctx, RoleHandler};
 
 /// Largest ordinary response body accepted. The body travels unchanged as
 /// the reply's result, so it must fit in one IPC frame with the rest of the
 /// reply (diagnostics, whose echoed wording is capped at
-/// [`MAX_WORDING_CHARS`]): a larger body is refused here with a clear error
+/// [`envelope::MAX_WORDING_CHARS`]): a larger body is refused here with a clear error
 /// instead of producing a reply that cannot be sent.
 pub const MAX_BODY_BYTES: usize = snowluma_proto::MAX_FRAME_BYTES - 1024 * 1024;
 

@@ -25,9 +25,7 @@ pub mod validate;
 use snowluma_proto::{ExecRequest, FailureKind, Progress, ToolReply};
 
 pub(crate) use download::download;
-pub use upload::RESET_TIMEOUT;
 pub(crate) use upload::upload;
-pub use validate::MAX_FILE_CHUNKS;
 
 use crate::network::transport_failure;
 use crate::serve::Ctx;
