@@ -15,6 +15,9 @@ pub mod generate;
 pub mod schema;
 pub mod search;
 pub mod tools;
+pub mod transfers;
+
+pub use transfers::FileTransfer;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -62,6 +65,8 @@ pub struct Action {
     pub description: String,
     pub read_only: bool,
     pub stream: bool,
+    /// A file the server moves itself (see [`transfers`]).
+    pub transfer: Option<FileTransfer>,
     pub support: String,
     /// Names of the top-level required parameters.
     pub required: Vec<String>,
@@ -151,6 +156,7 @@ impl Catalog {
             };
             let (name, aliases, summary, summary_zh) =
                 (s("name")?, strings("aliases")?, s("summary")?, s("summary_zh")?);
+            let transfer = transfers::of(&name);
             let action = Action {
                 search_text: search::search_text(&name, &aliases, &summary, &summary_zh),
                 name,
@@ -161,6 +167,7 @@ impl Catalog {
                 description: s("description")?,
                 read_only: a["readOnly"].as_bool().ok_or_else(|| shape("readOnly"))?,
                 stream: a["stream"].as_bool().ok_or_else(|| shape("stream"))?,
+                transfer,
                 support: s("support")?,
                 required,
                 doc: a.clone(),

@@ -16,10 +16,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::outcome::ToolReply;
 
-/// The three actions whose bytes are saved to a file on the MCP host.
-pub const FILE_DOWNLOAD_ACTIONS: [&str; 3] =
-    ["download_file_stream", "download_file_image_stream", "download_file_record_stream"];
-
 /// Bumped whenever a message's meaning changes.
 pub const IPC_VERSION: u32 = 1;
 
@@ -241,6 +237,16 @@ pub struct ExecRequest {
     pub transfer: Option<Transfer>,
     /// Send [`FromWorker::Progress`] while streaming.
     pub progress: bool,
+    /// The action moves a file the server handles itself (a catalog
+    /// property; an alias or `_async` form has its canonical action's).
+    pub file_action: Option<FileAction>,
+}
+
+/// Which kind of file-moving action a request is (see [`ExecRequest::file_action`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileAction {
+    Upload,
+    Download,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

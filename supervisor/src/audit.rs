@@ -1152,6 +1152,67 @@ pub fn reanchor(path: &Path, key: &Key) -> Result<Reanchored, ReanchorError> {
     result
 }
 
+/// Which action an execution record is about (the fields every `refused`,
+/// `intent` and `result` record shares).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ActionRef {
+    pub op_id: String,
+    pub tool: String,
+    /// The name as the client gave it (an alias or `_async` form included).
+    pub action: String,
+    pub canonical: String,
+    pub read_only: bool,
+    pub mode: &'static str,
+    pub traceparent: String,
+}
+
+/// The records of one execution, typed: what the audit log says about an
+/// action, field by field (serialized in this order after the chain's own
+/// fields; `phase` names the variant).
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum ActionRecord {
+    /// Refused by the operator's policy; nothing was sent.
+    Refused {
+        #[serde(flatten)]
+        action: ActionRef,
+        reason: &'static str,
+    },
+    /// Written (and fsynced) before the request leaves; params only as a digest.
+    Intent {
+        #[serde(flatten)]
+        action: ActionRef,
+        params_digest: String,
+    },
+    /// After the reply (or failure).
+    Result {
+        #[serde(flatten)]
+        action: ActionRef,
+        outcome: &'static str,
+        kind: Option<&'static str>,
+        is_error: bool,
+        retcode: Value,
+        duration_ms: f64,
+    },
+}
+
+impl ActionRecord {
+    fn into_map(self) -> Result<Map<String, Value>, AuditError> {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(_) => Err(AuditError::Io(std::io::Error::other("an audit record is not an object"))),
+            Err(e) => Err(AuditError::Io(std::io::Error::other(e))),
+        }
+    }
+}
+
+impl AuditLog {
+    /// Append an execution record (see [`AuditLog::append`]).
+    pub async fn record(&self, rec: ActionRecord) -> Result<(), AuditError> {
+        self.append(rec.into_map()?).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@ mod audit;
 mod config;
 mod doctor;
 mod endpoint;
+mod gates;
 mod policy;
 mod progress;
 mod runtime;
@@ -570,7 +571,7 @@ async fn run(
     };
     // File transfers (write mode): the directories are opened here and handed
     // to the file-transfer worker as descriptors; it never sees a path.
-    let mut paths = server::TransferPaths::default();
+    let mut paths = transfers::TransferPaths::default();
     let files = if let (Some(dirs), Some(_)) = (transfer_dirs, &network) {
         paths.download_dir = Some(dirs.download_dir);
         let mut fds = vec![(snowluma_proto::FILES_DOWNLOAD_DIR_FD, dirs.download_fd)];
@@ -590,6 +591,16 @@ async fn run(
     } else {
         None
     };
+    let transfer_service = match (&files, &network) {
+        (Some(f), Some(n)) => Some(transfers::TransferService::new(
+            f.clone(),
+            n.clone(),
+            paths,
+            config.max_stream_bytes,
+            std::time::Duration::from_millis(config.timeout_ms),
+        )),
+        _ => None,
+    };
     let config = Arc::new(config);
     let cat = snowluma_catalog::Catalog::bundled();
     tracing::info!(
@@ -601,7 +612,7 @@ async fn run(
     );
     let slots: Vec<Arc<WorkerSlot>> =
         std::iter::once(catalog.clone()).chain(network.clone()).chain(files.clone()).collect();
-    let server = SnowlumaServer::new(config, Workers { catalog, network, files }, policy, audit, paths);
+    let server = SnowlumaServer::new(config, Workers { catalog, network }, policy, audit, transfer_service);
     let info = serde_json::to_value(server::implementation())?;
     let transport = transport::LineTransport::stdio(info);
     let stdout = transport.stdout_state();

@@ -78,10 +78,10 @@ pub async fn runtime_info(
             "max_stream_bytes": cfg.max_stream_bytes,
             "download_quota_bytes": cfg.max_stream_bytes.saturating_mul(2),
             "max_concurrent_streams": MAX_CONCURRENT_STREAMS,
-            "download_dir": server.paths.download_dir.clone().unwrap_or_else(|| download_dir(server)).display().to_string(),
+            "download_dir": server.transfers().and_then(|t| t.paths().download_dir.clone()).unwrap_or_else(|| download_dir(server)).display().to_string(),
             "upload_root": cfg.upload_root.as_ref().map(|p| p.display().to_string()),
-            "upload_enabled": server.paths.upload_root.is_some(),
-            "file_transfers_enabled": server.files_worker().is_some(),
+            "upload_enabled": server.transfers().is_some_and(|t| t.paths().upload_root.is_some()),
+            "file_transfers_enabled": server.transfers().is_some(),
         })
     } else {
         Value::Null

@@ -19,17 +19,19 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use snowluma_catalog::{ACTION_URI_TEMPLATE, CATALOG_URI, Catalog};
+use snowluma_catalog::{ACTION_URI_TEMPLATE, CATALOG_URI, Catalog, FileTransfer};
 use snowluma_proto::{
-    Diagnostics, ExecRequest, FailureKind, JsonText, Reply, Request, ToolReply, TraceContext, WorkerError,
+    Diagnostics, ExecRequest, FailureKind, FileAction, JsonText, Reply, Request, ToolReply, TraceContext, WorkerError,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::AuditLog;
-use crate::config::{Config, Mode};
+use crate::audit::{ActionRecord, ActionRef, AuditLog};
+use crate::config::Config;
+use crate::gates;
 use crate::policy::Policy;
 use crate::tools::{self, Handler, ToolSpec};
 use crate::trace::{CallTrace, hex};
+use crate::transfers::TransferService;
 use crate::workers::{CallError, WorkerSlot};
 
 /// Five minutes, the spec's lifetime for list and catalog results.
@@ -45,16 +47,6 @@ pub fn implementation() -> Implementation {
 pub struct Workers {
     pub catalog: Arc<WorkerSlot>,
     pub network: Option<Arc<WorkerSlot>>,
-    /// The file-transfer worker (write mode only).
-    pub files: Option<Arc<WorkerSlot>>,
-}
-
-/// Paths on the MCP host for transfers, resolved at startup.
-#[derive(Debug, Clone, Default)]
-pub struct TransferPaths {
-    /// The upload root as configured and as canonicalized.
-    pub upload_root: Option<(std::path::PathBuf, std::path::PathBuf)>,
-    pub download_dir: Option<std::path::PathBuf>,
 }
 
 pub struct SnowlumaServer {
@@ -63,13 +55,8 @@ pub struct SnowlumaServer {
     catalog: &'static Catalog,
     policy: Policy,
     audit: Option<AuditLog>,
-    pub(crate) paths: TransferPaths,
-    /// Bytes reserved by downloads in flight (quota accounting).
-    pub(crate) reserved: std::sync::Mutex<u64>,
-    /// Signalled when a download's reservation shrinks or ends.
-    pub(crate) quota_freed: tokio::sync::Notify,
-    /// Set once stale `.part` files were swept (before the first download).
-    pub(crate) swept: tokio::sync::OnceCell<()>,
+    /// File transfers (write mode with a download directory).
+    transfers: Option<Arc<TransferService>>,
 }
 
 fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
@@ -151,46 +138,20 @@ pub fn render(reply: ToolReply, trace: &CallTrace) -> CallToolResult {
     out
 }
 
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExecArgs {
-    action: String,
-    #[serde(default)]
-    params: Option<Value>,
-    #[serde(default)]
-    execution: Option<ExecutionArgs>,
-}
-
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExecutionArgs {
-    #[serde(default)]
-    input_file: Option<String>,
-}
-
 impl SnowlumaServer {
     pub fn new(
         config: Arc<Config>,
         workers: Workers,
         policy: Policy,
         audit: Option<AuditLog>,
-        paths: TransferPaths,
+        transfers: Option<Arc<TransferService>>,
     ) -> SnowlumaServer {
-        SnowlumaServer {
-            config,
-            workers,
-            catalog: Catalog::bundled(),
-            policy,
-            audit,
-            paths,
-            reserved: std::sync::Mutex::new(0),
-            swept: tokio::sync::OnceCell::new(),
-            quota_freed: tokio::sync::Notify::new(),
-        }
+        SnowlumaServer { config, workers, catalog: Catalog::bundled(), policy, audit, transfers }
     }
 
-    pub(crate) fn files_worker(&self) -> Option<&Arc<WorkerSlot>> {
-        self.workers.files.as_ref()
+    /// This server's file transfers, when it has any.
+    pub(crate) fn transfers(&self) -> Option<&TransferService> {
+        self.transfers.as_deref()
     }
 
     pub fn policy(&self) -> &Policy {
@@ -206,6 +167,8 @@ impl SnowlumaServer {
         tool_reply("the catalog worker", self.workers.catalog.call(req, cancel, None).await, false)
     }
 
+    /// `query_action` / `invoke_action`: the gates of `gates.rs` in order,
+    /// the audit records, then the request (or transfer).
     async fn exec_call(
         &self,
         spec: ToolSpec,
@@ -214,100 +177,60 @@ impl SnowlumaServer {
         cancel: &CancellationToken,
         progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
     ) -> ToolReply {
+        match self.execute(spec, args, trace, cancel, progress).await {
+            Ok(reply) | Err(reply) => reply,
+        }
+    }
+
+    async fn execute(
+        &self,
+        spec: ToolSpec,
+        args: Value,
+        trace: &CallTrace,
+        cancel: &CancellationToken,
+        progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
+    ) -> Result<ToolReply, ToolReply> {
         let tool = spec.name;
-        let args: ExecArgs = match serde_json::from_value(args) {
-            Ok(a) => a,
-            Err(e) => {
-                return ToolReply::error(
-                    Diagnostics::failed(FailureKind::InvalidArguments, format!("invalid arguments for {tool}: {e}"))
-                        .with_next_step("Pass {\"action\": \"<name>\", \"params\": {...}}."),
-                );
-            }
-        };
-        // Gate 1: the mode, re-checked on every call.
+        let mut args = gates::arguments(tool, args)?;
+        // The mode, re-checked on every call.
         if !spec.modes.contains(self.config.mode) {
-            return mode_refusal(spec, self.config.mode);
+            return Err(gates::mode_refusal(tool, spec.modes.need(), self.config.mode));
         }
-        let Some(network) = &self.workers.network else {
-            return ToolReply::error(
-                Diagnostics::failed(FailureKind::NotConfigured, "no SnowLuma endpoint is configured")
-                    .with_next_step("Set SNOWLUMA_MCP_ENDPOINT (and SNOWLUMA_MCP_MODE) in the server's environment."),
-            );
-        };
-        // Gate 2: the action must be in the bundled catalog.
-        let Some(action) = crate::policy::resolve(self.catalog, &args.action) else {
-            return ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::UnknownAction,
-                    format!("unknown action {}", snowluma_catalog::echo(&args.action)),
-                )
-                .with_next_step("Find the action with search_actions or list_actions, then read it with get_action."),
-            );
-        };
-        // Gate 3: query_action runs read-only actions only.
-        if spec.handler == Handler::Query && !action.read_only {
-            return ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::ModeForbidden,
-                    format!("{} changes state; query_action runs read-only actions only", action.name),
-                )
-                .with_next_step("Use invoke_action, which requires SNOWLUMA_MCP_MODE=write."),
-            );
-        }
-        let params = match args.params {
-            None | Some(Value::Null) => json!({}),
-            Some(v @ Value::Object(_)) => v,
-            Some(_) => {
-                return ToolReply::error(
-                    Diagnostics::failed(FailureKind::InvalidArguments, "params must be a JSON object")
-                        .with_next_step("See get_action for the action's inputSchema."),
-                );
-            }
-        };
+        let network = gates::endpoint(self.workers.network.as_ref())?;
+        let action = gates::catalog_action(self.catalog, &args.action)?;
+        gates::read_only(spec.handler == Handler::Query, action)?;
+        let params = gates::params(args.params.take())?;
         // File transfers: which one, and whether this server can do it.
-        let input_file = args.execution.as_ref().and_then(|e| e.input_file.clone());
-        let transfer = match crate::transfers::plan(self, action, &params, input_file.as_deref()) {
-            Ok(t) => t,
-            Err(reply) => return reply,
-        };
-        // The audit operation id (only drawn when auditing is on).
-        let op_id = if self.audit.is_some() { hex(&crate::trace::random_bytes::<16>()) } else { String::new() };
-        let record = |phase: &str| {
-            let mut m = serde_json::Map::new();
-            m.insert("phase".into(), json!(phase));
-            m.insert("op_id".into(), json!(op_id));
-            m.insert("tool".into(), json!(tool));
-            m.insert("action".into(), json!(args.action));
-            m.insert("canonical".into(), json!(action.name));
-            m.insert("read_only".into(), json!(action.read_only));
-            m.insert("mode".into(), json!(self.config.mode.as_str()));
-            m.insert("traceparent".into(), json!(trace.traceparent));
-            m
-        };
-        // Gate 4: the operator's action policy. Refusals are audited too.
-        if !self.policy.permits(action) {
-            if let Some(log) = &self.audit {
-                let mut rec = record("refused");
-                rec.insert("reason".into(), json!("policy_denied"));
-                if let Err(e) = log.append(rec).await {
+        let transfer = crate::transfers::plan(self.transfers.as_deref(), action, &params, args.input_file())?;
+        // What the audit records say about this action (only when auditing).
+        let audit = self.audit.as_ref().map(|log| {
+            let about = ActionRef {
+                op_id: hex(&crate::trace::random_bytes::<16>()),
+                tool: tool.to_owned(),
+                action: args.action.clone(),
+                canonical: action.name.clone(),
+                read_only: action.read_only,
+                mode: self.config.mode.as_str(),
+                traceparent: trace.traceparent.clone(),
+            };
+            (log, about)
+        });
+        // The operator's action policy. Refusals are audited too.
+        if let Err(refusal) = gates::policy(&self.policy, action) {
+            if let Some((log, about)) = &audit {
+                let rec = ActionRecord::Refused { action: about.clone(), reason: "policy_denied" };
+                if let Err(e) = log.record(rec).await {
                     tracing::error!(error = %e, "cannot write an audit record for a refused action");
                 }
             }
-            return ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::PolicyDenied,
-                    format!("{} is refused by this server's action policy: {}", action.name, self.policy.reason(action)),
-                )
-                .with_next_step("Use another action, or ask the operator to change SNOWLUMA_MCP_ALLOW_ACTIONS / SNOWLUMA_MCP_DENY_ACTIONS."),
-            );
+            return Err(refusal);
         }
         // Nothing leaves without its intent record once auditing is on.
-        if let Some(log) = &self.audit {
-            let mut rec = record("intent");
-            rec.insert("params_digest".into(), json!(log.params_digest(&params)));
-            if let Err(e) = log.append(rec).await {
+        if let Some((log, about)) = &audit {
+            let rec = ActionRecord::Intent { action: about.clone(), params_digest: log.params_digest(&params) };
+            if let Err(e) = log.record(rec).await {
                 tracing::error!(error = %e, "audit intent not written; action refused");
-                return ToolReply::error(
+                return Err(ToolReply::error(
                     Diagnostics::failed(
                         FailureKind::AuditFailed,
                         format!("the audit log could not be written, so the action was not executed: {e}"),
@@ -315,7 +238,7 @@ impl SnowlumaServer {
                     .with_next_step(
                         "The operator must repair SNOWLUMA_MCP_AUDIT_LOG (see `snowluma-mcp audit verify`).",
                     ),
-                );
+                ));
             }
         }
         let started = Instant::now();
@@ -327,6 +250,10 @@ impl SnowlumaServer {
             trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
             transfer: None,
             progress: progress.is_some() && action.stream,
+            file_action: action.transfer.map(|t| match t {
+                FileTransfer::Upload => FileAction::Upload,
+                FileTransfer::Download => FileAction::Download,
+            }),
         };
         let forwarder = match progress {
             Some((peer, token)) if action.stream => {
@@ -335,9 +262,9 @@ impl SnowlumaServer {
             _ => None,
         };
         let progress_tx = forwarder.as_ref().and_then(|f| f.sender());
-        let mut reply = match transfer {
-            Some(t) => crate::transfers::run(self, network, t, exec, cancel, progress_tx).await,
-            None => tool_reply(
+        let mut reply = match (transfer, &self.transfers) {
+            (Some(plan), Some(service)) => service.clone().run(plan, exec, cancel.clone(), progress_tx).await,
+            _ => tool_reply(
                 "the network executor",
                 network.call(Request::Execute(exec), cancel, progress_tx).await,
                 !action.read_only,
@@ -354,21 +281,23 @@ impl SnowlumaServer {
                 });
             }
         }
-        if let Some(log) = &self.audit {
-            let mut rec = record("result");
-            rec.insert("outcome".into(), json!(reply.diagnostics.outcome.as_str()));
-            rec.insert("kind".into(), json!(reply.diagnostics.kind.map(|k| k.as_str())));
-            rec.insert("is_error".into(), json!(reply.is_error));
+        if let Some((log, about)) = audit {
             let retcode =
                 reply.result.as_ref().and_then(|t| t.parse().ok()).and_then(|v: Value| v.get("retcode").cloned());
-            rec.insert("retcode".into(), retcode.unwrap_or(Value::Null));
-            rec.insert("duration_ms".into(), json!(started.elapsed().as_secs_f64() * 1000.0));
-            if let Err(e) = log.append(rec).await {
+            let rec = ActionRecord::Result {
+                action: about,
+                outcome: reply.diagnostics.outcome.as_str(),
+                kind: reply.diagnostics.kind.map(|k| k.as_str()),
+                is_error: reply.is_error,
+                retcode: retcode.unwrap_or(Value::Null),
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            };
+            if let Err(e) = log.record(rec).await {
                 // The action already ran; its intent is on record. Say so loudly.
                 tracing::error!(error = %e, "audit result record not written (the intent record stands)");
             }
         }
-        reply
+        Ok(reply)
     }
 
     async fn runtime_info(&self, args: Value, cancel: &CancellationToken, trace: &CallTrace) -> ToolReply {
@@ -388,17 +317,6 @@ impl SnowlumaServer {
     pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
         self.exec_call(tools::QUERY_ACTION, json!({"action": action, "params": {}}), trace, cancel, None).await
     }
-}
-
-fn mode_refusal(spec: ToolSpec, mode: Mode) -> ToolReply {
-    let need = spec.modes.need();
-    ToolReply::error(
-        Diagnostics::failed(
-            FailureKind::ModeForbidden,
-            format!("{} is not available in {} mode", spec.name, mode.as_str()),
-        )
-        .with_next_step(format!("The operator must set SNOWLUMA_MCP_MODE to {need} (with SNOWLUMA_MCP_ENDPOINT).")),
-    )
 }
 
 fn reply_kind(r: &Reply) -> &'static str {
@@ -457,7 +375,7 @@ impl ServerHandler for SnowlumaServer {
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
         let reply = if !spec.modes.contains(self.config.mode) {
-            mode_refusal(spec, self.config.mode)
+            gates::mode_refusal(spec.name, spec.modes.need(), self.config.mode)
         } else {
             match spec.handler {
                 Handler::Doc => self.doc_call(spec.name, args, &ctx.ct).await,

@@ -5,21 +5,80 @@
 //! executor, which streams the bytes from or into it. The supervisor keeps
 //! the bookkeeping: the download quota, committing or removing the `.part`
 //! file, and the result the client sees.
+//!
+//! [`TransferService`] owns all of it (the workers it talks to, the paths,
+//! the quota reservations, the one-time sweep), and [`TransferService::run`]
+//! borrows nothing from the request that started it: a transfer's future is
+//! `'static` and can outlive that request (a background task).
+//! Which actions are transfers is the catalog's
+//! [`snowluma_catalog::FileTransfer`] property.
 
 use std::os::fd::AsFd;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use snowluma_catalog::Action;
+use snowluma_catalog::{Action, FileTransfer};
 use snowluma_proto::{
     Diagnostics, ExecRequest, FailureKind, FilesReply, FilesRequest, Progress, Reply, Request, ToolReply, Transfer,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::{SnowlumaServer, call_error_reply, tool_reply};
+use crate::server::{call_error_reply, tool_reply};
 use crate::workers::WorkerSlot;
+
+/// Paths on the MCP host for transfers, resolved at startup.
+#[derive(Debug, Clone, Default)]
+pub struct TransferPaths {
+    /// The upload root as configured and as canonicalized.
+    pub upload_root: Option<(PathBuf, PathBuf)>,
+    pub download_dir: Option<PathBuf>,
+}
+
+/// File transfers of one server: the file-transfer worker, the network
+/// executor, the paths and the download quota's state.
+pub struct TransferService {
+    files: Arc<WorkerSlot>,
+    network: Arc<WorkerSlot>,
+    paths: TransferPaths,
+    /// Per-file cap; the directory quota is twice this.
+    max_file_bytes: u64,
+    /// How long a download waits for room in the quota.
+    quota_wait: Duration,
+    /// Bytes reserved by downloads in flight (quota accounting).
+    reserved: std::sync::Mutex<u64>,
+    /// Signalled when a download's reservation shrinks or ends.
+    quota_freed: tokio::sync::Notify,
+    /// Set once stale `.part` files were swept (before the first download).
+    swept: tokio::sync::OnceCell<()>,
+}
+
+impl TransferService {
+    pub fn new(
+        files: Arc<WorkerSlot>,
+        network: Arc<WorkerSlot>,
+        paths: TransferPaths,
+        max_file_bytes: u64,
+        quota_wait: Duration,
+    ) -> Arc<TransferService> {
+        Arc::new(TransferService {
+            files,
+            network,
+            paths,
+            max_file_bytes,
+            quota_wait,
+            reserved: std::sync::Mutex::new(0),
+            quota_freed: tokio::sync::Notify::new(),
+            swept: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    pub fn paths(&self) -> &TransferPaths {
+        &self.paths
+    }
+}
 
 /// Upload chunk size: 512 KiB of file bytes (about 683 KiB of base64 per request).
 pub const UPLOAD_CHUNK_BYTES: u64 = 512 * 1024;
@@ -79,21 +138,22 @@ pub fn relative_to_root(input: &str, configured: &Path, canonical: &Path) -> Res
     Ok(parts.join("/"))
 }
 
-/// Decide whether this call is a file transfer, and refuse what cannot be done.
+/// Decide whether this call is a file transfer, and refuse what cannot be
+/// done (`service`: this server's transfers, when it has any).
 pub fn plan(
-    server: &SnowlumaServer,
+    service: Option<&TransferService>,
     action: &Action,
     params: &Value,
     input_file: Option<&str>,
 ) -> Result<Option<Plan>, ToolReply> {
     if let Some(input) = input_file {
-        if action.name != "upload_file_stream" {
+        if action.transfer != Some(FileTransfer::Upload) {
             return Err(bad_args(
                 "execution.input_file is only for upload_file_stream",
                 "Remove execution.input_file, or use it with upload_file_stream.",
             ));
         }
-        let (Some(_), Some((configured, canonical))) = (server.files_worker(), &server.paths.upload_root) else {
+        let Some((configured, canonical)) = service.and_then(|s| s.paths.upload_root.as_ref()) else {
             return Err(not_configured(
                 "automatic upload is not enabled on this server",
                 "The operator must set SNOWLUMA_MCP_UPLOAD_ROOT (and SNOWLUMA_MCP_MODE=write).",
@@ -111,8 +171,8 @@ pub fn plan(
         let filename = params.get("filename").and_then(Value::as_str).map(str::to_owned);
         return Ok(Some(Plan::Upload { rel, filename }));
     }
-    if snowluma_proto::FILE_DOWNLOAD_ACTIONS.contains(&action.name.as_str()) {
-        if server.files_worker().is_none() {
+    if action.transfer == Some(FileTransfer::Download) {
+        if service.is_none() {
             return Err(not_configured(
                 "file downloads need write mode and a download directory",
                 "The operator must set SNOWLUMA_MCP_MODE=write.",
@@ -128,32 +188,32 @@ fn random_tag() -> u64 {
 }
 
 /// A download's share of the directory quota, released when dropped.
-struct Reservation<'a> {
-    server: &'a SnowlumaServer,
+struct Reservation {
+    service: Arc<TransferService>,
     bytes: u64,
 }
 
-impl Reservation<'_> {
+impl Reservation {
     /// The download announced its size: keep only that much reserved and
     /// let waiting downloads have the rest.
     fn shrink_to(&mut self, bytes: u64) {
         if bytes >= self.bytes {
             return;
         }
-        if let Ok(mut r) = self.server.reserved.lock() {
+        if let Ok(mut r) = self.service.reserved.lock() {
             *r = r.saturating_sub(self.bytes - bytes);
         }
         self.bytes = bytes;
-        self.server.quota_freed.notify_waiters();
+        self.service.quota_freed.notify_waiters();
     }
 }
 
-impl Drop for Reservation<'_> {
+impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Ok(mut r) = self.server.reserved.lock() {
+        if let Ok(mut r) = self.service.reserved.lock() {
             *r = r.saturating_sub(self.bytes);
         }
-        self.server.quota_freed.notify_waiters();
+        self.service.quota_freed.notify_waiters();
     }
 }
 
@@ -162,26 +222,26 @@ impl Drop for Reservation<'_> {
 /// that have not announced their size yet (they announce it in their
 /// first frame, and then keep only that), wait for room, up to the request
 /// timeout; `None` if the quota stays used up.
-async fn reserve<'a>(
-    server: &'a SnowlumaServer,
+async fn reserve(
+    service: &Arc<TransferService>,
     used: u64,
     cancel: &CancellationToken,
-) -> Result<Option<Reservation<'a>>, ToolReply> {
-    let max = server.config().max_stream_bytes;
+) -> Result<Option<Reservation>, ToolReply> {
+    let max = service.max_file_bytes;
     let quota = max.saturating_mul(2);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(server.config().timeout_ms);
+    let deadline = tokio::time::Instant::now() + service.quota_wait;
     loop {
-        let freed = server.quota_freed.notified();
+        let freed = service.quota_freed.notified();
         let mut freed = std::pin::pin!(freed);
         freed.as_mut().enable();
         {
-            let Ok(mut reserved) = server.reserved.lock() else {
+            let Ok(mut reserved) = service.reserved.lock() else {
                 return Err(ToolReply::fail(FailureKind::Execution, "quota accounting is unavailable"));
             };
             let limit = quota.saturating_sub(used).saturating_sub(*reserved).min(max);
             if limit > 0 {
                 *reserved += limit;
-                return Ok(Some(Reservation { server, bytes: limit }));
+                return Ok(Some(Reservation { service: service.clone(), bytes: limit }));
             }
             if *reserved == 0 {
                 // Nothing in flight will free anything: the files are there.
@@ -211,19 +271,19 @@ async fn files_call(
 /// The tag of a descriptor the file-transfer worker sends us: until it is
 /// claimed, dropping this (a cancel, a refusal, an error) tells the
 /// descriptor table to drop the descriptor, whenever it arrives.
-struct FdTag<'a> {
-    files: &'a WorkerSlot,
+struct FdTag {
+    files: Arc<WorkerSlot>,
     tag: u64,
     claimed: bool,
 }
 
-impl<'a> FdTag<'a> {
-    fn new(files: &'a WorkerSlot) -> FdTag<'a> {
-        FdTag { files, tag: random_tag(), claimed: false }
+impl FdTag {
+    fn new(files: &Arc<WorkerSlot>) -> FdTag {
+        FdTag { files: files.clone(), tag: random_tag(), claimed: false }
     }
 }
 
-impl Drop for FdTag<'_> {
+impl Drop for FdTag {
     fn drop(&mut self) {
         if !self.claimed {
             self.files.forget_fd(self.tag);
@@ -232,7 +292,7 @@ impl Drop for FdTag<'_> {
 }
 
 /// Hand the file the files worker sent (tag) to the network executor; returns the new tag.
-async fn relay_fd(network: &WorkerSlot, mut tag: FdTag<'_>, cancel: &CancellationToken) -> Result<u64, ToolReply> {
+async fn relay_fd(network: &WorkerSlot, mut tag: FdTag, cancel: &CancellationToken) -> Result<u64, ToolReply> {
     let fd = tag.files.claim_fd(tag.tag, cancel).await.map_err(|e| call_error_reply(e, false))?;
     tag.claimed = true;
     let ntag = random_tag();
@@ -240,17 +300,29 @@ async fn relay_fd(network: &WorkerSlot, mut tag: FdTag<'_>, cancel: &Cancellatio
     Ok(ntag)
 }
 
-pub async fn run(
-    server: &SnowlumaServer,
-    network: &Arc<WorkerSlot>,
+impl TransferService {
+    /// Run a planned transfer to its end. Everything it needs is owned (the
+    /// service by `Arc`), so the future may outlive the request that
+    /// started it.
+    pub async fn run(
+        self: Arc<Self>,
+        plan: Plan,
+        exec: ExecRequest,
+        cancel: CancellationToken,
+        progress: Option<mpsc::UnboundedSender<Progress>>,
+    ) -> ToolReply {
+        run(&self, plan, exec, &cancel, progress).await
+    }
+}
+
+async fn run(
+    service: &Arc<TransferService>,
     plan: Plan,
     mut exec: ExecRequest,
     cancel: &CancellationToken,
     progress: Option<mpsc::UnboundedSender<Progress>>,
 ) -> ToolReply {
-    let Some(files) = server.files_worker() else {
-        return not_configured("no file-transfer worker", "Set SNOWLUMA_MCP_MODE=write.");
-    };
+    let (files, network) = (&service.files, &service.network);
     match plan {
         Plan::Upload { rel, filename } => {
             let tag = FdTag::new(files);
@@ -281,7 +353,7 @@ pub async fn run(
         Plan::Download => {
             // Partial files left by a killed session go before the first
             // download measures the directory (live ones are locked and stay).
-            server
+            service
                 .swept
                 .get_or_init(|| async {
                     match files_call(files, FilesRequest::SweepStaleParts, &CancellationToken::new()).await {
@@ -293,15 +365,14 @@ pub async fn run(
                     }
                 })
                 .await;
-            let max = server.config().max_stream_bytes;
-            let quota = max.saturating_mul(2);
+            let quota = service.max_file_bytes.saturating_mul(2);
             let used = match files_call(files, FilesRequest::DownloadUsage, cancel).await {
                 Ok(FilesReply::Usage { bytes }) => bytes,
                 Ok(FilesReply::Refused { reason }) => return ToolReply::fail(FailureKind::Execution, reason),
                 Ok(_) => return ToolReply::fail(FailureKind::Execution, "unexpected answer to a usage query"),
                 Err(r) => return r,
             };
-            let mut reservation = match reserve(server, used, cancel).await {
+            let mut reservation = match reserve(service, used, cancel).await {
                 Ok(Some(r)) => r,
                 Ok(None) => {
                     return ToolReply::error(
@@ -387,7 +458,7 @@ pub async fn run(
             let commit = FilesRequest::CommitDownload { token: token.clone(), file_name: name.to_owned(), size };
             match files_call(files, commit, &CancellationToken::new()).await {
                 Ok(FilesReply::Committed { file_name }) => {
-                    let dir = server.paths.download_dir.clone().unwrap_or_default();
+                    let dir = service.paths.download_dir.clone().unwrap_or_default();
                     let out = json!({
                         "file_path": dir.join(file_name).display().to_string(),
                         "file_size": size,
@@ -413,6 +484,13 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A transfer borrows nothing from the request that starts it.
+    #[allow(dead_code)]
+    fn runs_detached(service: Arc<TransferService>, plan: Plan, exec: ExecRequest) {
+        fn detached<F: std::future::Future + Send + 'static>(_: F) {}
+        detached(service.run(plan, exec, CancellationToken::new(), None));
+    }
 
     #[test]
     fn input_paths_stay_inside_the_root() {

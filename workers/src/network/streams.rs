@@ -76,7 +76,7 @@ pub(super) async fn execute(
         (Some(Transfer::Upload { size, filename, chunk_bytes, .. }), Some(file)) => {
             crate::transfer::upload(net, &req, params, file, size, filename, chunk_bytes, ctx).await
         }
-        _ if snowluma_proto::FILE_DOWNLOAD_ACTIONS.contains(&req.action.as_str()) => {
+        _ if req.file_action == Some(snowluma_proto::FileAction::Download) => {
             ToolReply::fail(FailureKind::Execution, "file downloads need a download file from the supervisor")
         }
         _ => tokio::select! {
@@ -166,7 +166,7 @@ async fn generic_stream_inner(net: &Net, req: &ExecRequest, params: Value, ctx: 
             true,
         );
     }
-    let upload = req.action == "upload_file_stream";
+    let upload = req.file_action == Some(snowluma_proto::FileAction::Upload);
     let is_reset = upload && params.get("reset").and_then(Value::as_bool) == Some(true);
     let mut frames: Vec<Value> = Vec::new();
     let mut terminal: Option<Value> = None;
