@@ -251,6 +251,8 @@ fn losing_the_executor_that_holds_the_token_ends_the_session() {
     kill(Pid::from_raw(network), Signal::SIGKILL).unwrap();
     let status = wait_exit(&mut s.child, "the session ends");
     assert_eq!(status.code(), Some(1));
+    // stderr is read on its own thread: the line may arrive after the exit.
+    s.wait_stderr("cannot be restarted: ending the session");
     let stderr = s.stderr_text();
     assert_eq!(stderr.matches("cannot be restarted: ending the session").count(), 1, "{stderr}");
 

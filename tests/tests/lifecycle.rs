@@ -98,6 +98,8 @@ fn spawner_death_ends_the_session() {
     assert_eq!(r["result"]["isError"], true, "the call in flight is answered with an error: {r}");
     let st = server_exit(&mut s);
     assert!(!st.success(), "exit status {st}");
+    // stderr is read on its own thread: the line may arrive after the exit.
+    s.wait_stderr("the spawner process died");
     let stderr = s.stderr_text();
     assert_eq!(stderr.matches("the spawner process died").count(), 1, "{stderr}");
     // Reaped: no zombie spawner left behind by a supervisor that kept running.
