@@ -30,9 +30,7 @@ pub(crate) use upload::upload;
 use crate::network::transport_failure;
 use crate::serve::Ctx;
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use snowluma_proto::bytes::hex;
 
 fn invalid(req: &ExecRequest, msg: impl Into<String>) -> ToolReply {
     transport_failure(FailureKind::InvalidResponse, msg.into(), req.write, true)

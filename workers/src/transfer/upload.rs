@@ -19,13 +19,7 @@ use crate::serve::Ctx;
 pub const RESET_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn uuid_like() -> String {
-    let mut b = [0u8; 16];
-    loop {
-        // SAFETY: getrandom writes at most 16 bytes into `b`, which we own.
-        if unsafe { nix::libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) } == 16 {
-            break;
-        }
-    }
+    let mut b = snowluma_proto::bytes::random_bytes::<16>();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h = hex(&b);
