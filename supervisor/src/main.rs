@@ -2,6 +2,7 @@
 //! argument, one of its confined worker processes.
 
 mod audit;
+mod completion;
 mod config;
 mod doctor;
 mod endpoint;
@@ -612,7 +613,9 @@ async fn run(
     );
     let slots: Vec<Arc<WorkerSlot>> =
         std::iter::once(catalog.clone()).chain(network.clone()).chain(files.clone()).collect();
-    let server = SnowlumaServer::new(config, Workers { catalog, network }, policy, audit, transfer_service);
+    let continuations = completion::Continuations::new(completion::Continuations::clock_offset_from_env())?;
+    let server =
+        SnowlumaServer::new(config, Workers { catalog, network }, policy, audit, transfer_service, continuations);
     let info = serde_json::to_value(server::implementation())?;
     let transport = transport::LineTransport::stdio(info);
     let stdout = transport.stdout_state();

@@ -26,6 +26,7 @@ use snowluma_proto::{
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{ActionRecord, ActionRef, AuditLog};
+use crate::completion::{self, StateError};
 use crate::config::Config;
 use crate::gates;
 use crate::policy::Policy;
@@ -57,6 +58,19 @@ pub struct SnowlumaServer {
     audit: Option<AuditLog>,
     /// File transfers (write mode with a download directory).
     transfers: Option<Arc<TransferService>>,
+    /// Outstanding input-completion continuations (`completion.rs`).
+    continuations: completion::Continuations,
+}
+
+/// What a `*_with_input` call answers: a result, or a request for input.
+enum Completion {
+    Done(ToolReply),
+    Ask(rmcp::model::InputRequiredResult),
+}
+
+/// A refused continuation, as the JSON-RPC error the protocol asks for.
+fn state_error(e: StateError) -> McpError {
+    McpError::invalid_params(e.to_string(), None)
 }
 
 fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
@@ -145,8 +159,9 @@ impl SnowlumaServer {
         policy: Policy,
         audit: Option<AuditLog>,
         transfers: Option<Arc<TransferService>>,
+        continuations: completion::Continuations,
     ) -> SnowlumaServer {
-        SnowlumaServer { config, workers, catalog: Catalog::bundled(), policy, audit, transfers }
+        SnowlumaServer { config, workers, catalog: Catalog::bundled(), policy, audit, transfers, continuations }
     }
 
     /// This server's file transfers, when it has any.
@@ -198,7 +213,7 @@ impl SnowlumaServer {
         }
         let network = gates::endpoint(self.workers.network.as_ref())?;
         let action = gates::catalog_action(self.catalog, &args.action)?;
-        gates::read_only(spec.handler == Handler::Query, action)?;
+        gates::read_only(spec.handler.read_only_tool(), action)?;
         let params = gates::params(args.params.take())?;
         // File transfers: which one, and whether this server can do it.
         let transfer = crate::transfers::plan(self.transfers.as_deref(), action, &params, args.input_file())?;
@@ -300,6 +315,218 @@ impl SnowlumaServer {
         Ok(reply)
     }
 
+    /// `*_with_input`: ask for missing required params (see `completion.rs`),
+    /// then run the call through [`Self::exec_call`] like the original tool.
+    async fn with_input(
+        &self,
+        spec: ToolSpec,
+        args: Value,
+        (responses, state): (Option<rmcp::model::InputResponses>, Option<String>),
+        ctx: &RequestContext<RoleServer>,
+        trace: &CallTrace,
+    ) -> Result<Completion, McpError> {
+        let progress = ctx.meta.get_progress_token().map(|t| (ctx.peer.clone(), t));
+        // Every gate the call would meet, before anyone is asked anything;
+        // a call that fails one goes through exec_call, which refuses it
+        // exactly as the original tool does (and audits a policy refusal).
+        let Some((action, params)) = self.gated(spec, &args) else {
+            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, progress).await));
+        };
+        let digest = completion::args_digest(spec.name, &args);
+        if let Some(sealed) = state {
+            let response = responses.as_ref().and_then(|r| r.get(completion::INPUT_KEY));
+            let Some(response) = response else {
+                // A retry without the answer: ask again with the same state.
+                let st = self.continuations.check(&sealed, spec.name, &digest).map_err(state_error)?;
+                return Ok(Completion::Ask(completion::input_required(action, &st.missing, sealed)));
+            };
+            let st = match self.continuations.redeem(&sealed, spec.name, &digest) {
+                Ok(st) => st,
+                Err(e) => {
+                    let reason = match e {
+                        StateError::Tampered => "input_tampered",
+                        StateError::Expired => "input_expired",
+                        StateError::Reused => "input_reused",
+                        StateError::Foreign => "input_foreign",
+                    };
+                    self.audit_refusal(spec, &args, action, trace, reason).await;
+                    return Err(state_error(e));
+                }
+            };
+            let taken = response.get("action").and_then(Value::as_str).unwrap_or("cancel");
+            let mut provided = params.clone();
+            if let Some(p) = provided.as_object_mut() {
+                p.extend(st.answered.clone());
+            }
+            let answer = match completion::check_answer(action, &provided, &st.missing, taken, response.get("content"))
+            {
+                Ok(a) => a,
+                Err((reply, reason)) => {
+                    self.audit_refusal(spec, &args, action, trace, reason).await;
+                    return Ok(Completion::Done(reply));
+                }
+            };
+            let mut answered = st.answered;
+            answered.extend(answer);
+            let remaining: Vec<String> = st.missing.into_iter().filter(|m| !answered.contains_key(m)).collect();
+            if !remaining.is_empty() {
+                return Ok(self.ask_modern(spec, action, digest, remaining, answered));
+            }
+            let merged = completion::merged_args(&args, &answered);
+            return Ok(Completion::Done(self.exec_call(spec, merged, trace, &ctx.ct, progress).await));
+        }
+        let missing = completion::missing(action, &params);
+        if missing.is_empty() {
+            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, progress).await));
+        }
+        if is_modern(ctx) {
+            let form = ctx
+                .meta
+                .get("io.modelcontextprotocol/clientCapabilities")
+                .and_then(|c| c.get("elicitation"))
+                .and_then(Value::as_object)
+                .is_some_and(|e| e.is_empty() || e.contains_key("form"));
+            if !form {
+                return Ok(Completion::Done(completion::no_form_support(spec.name, &missing)));
+            }
+            return Ok(self.ask_modern(spec, action, digest, missing, serde_json::Map::new()));
+        }
+        let legacy_form = ctx.peer.peer_info().is_some_and(|i| i.protocol_version != ProtocolVersion::V_2025_03_26)
+            && ctx.peer.supported_elicitation_modes().contains(&rmcp::service::ElicitationMode::Form);
+        if !legacy_form {
+            return Ok(Completion::Done(completion::no_form_support(spec.name, &missing)));
+        }
+        Ok(Completion::Done(self.ask_legacy(spec, args, action, params, missing, ctx, trace, progress).await))
+    }
+
+    /// The gates up to the operator's policy, without side effects: the
+    /// action and its params when the call would pass them all.
+    fn gated(&self, spec: ToolSpec, args: &Value) -> Option<(&'static snowluma_catalog::Action, Value)> {
+        let parsed = gates::arguments(spec.name, args.clone()).ok()?;
+        if !spec.modes.contains(self.config.mode) {
+            return None;
+        }
+        gates::endpoint(self.workers.network.as_ref()).ok()?;
+        let action = gates::catalog_action(self.catalog, &parsed.action).ok()?;
+        gates::read_only(spec.handler.read_only_tool(), action).ok()?;
+        let params = gates::params(parsed.params).ok()?;
+        gates::policy(&self.policy, action).ok()?;
+        Some((action, params))
+    }
+
+    /// A modern `input_required` result for `missing`, or the refusal when
+    /// too many are outstanding.
+    fn ask_modern(
+        &self,
+        spec: ToolSpec,
+        action: &snowluma_catalog::Action,
+        digest: String,
+        missing: Vec<String>,
+        answered: serde_json::Map<String, Value>,
+    ) -> Completion {
+        let Some(id) = self.continuations.reserve() else {
+            return Completion::Done(completion::too_many());
+        };
+        let state = completion::State { id: id.clone(), tool: spec.name.to_owned(), digest, missing, answered };
+        match self.continuations.seal(&state) {
+            Ok(sealed) => Completion::Ask(completion::input_required(action, &state.missing, sealed)),
+            Err(e) => {
+                self.continuations.release(&id);
+                Completion::Done(ToolReply::fail(FailureKind::Execution, format!("cannot seal the continuation: {e}")))
+            }
+        }
+    }
+
+    /// A legacy client: `elicitation/create` inside this call, until every
+    /// missing field is answered (each answer checked), then the call.
+    #[allow(clippy::too_many_arguments)]
+    async fn ask_legacy(
+        &self,
+        spec: ToolSpec,
+        args: Value,
+        action: &'static snowluma_catalog::Action,
+        params: Value,
+        mut missing: Vec<String>,
+        ctx: &RequestContext<RoleServer>,
+        trace: &CallTrace,
+        progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
+    ) -> ToolReply {
+        let Some(slot) = self.continuations.reserve() else {
+            return completion::too_many();
+        };
+        let mut answered = serde_json::Map::new();
+        while !missing.is_empty() {
+            let ask = ctx.peer.create_elicitation(completion::form(action, &missing));
+            let result = tokio::select! {
+                r = ask => r,
+                _ = ctx.ct.cancelled() => {
+                    self.continuations.release(&slot);
+                    return call_error_reply(CallError::Cancelled, false);
+                }
+            };
+            let (taken, content) = match result {
+                Ok(r) => {
+                    let taken = match r.action {
+                        rmcp::model::ElicitationAction::Accept => "accept",
+                        rmcp::model::ElicitationAction::Decline => "decline",
+                        _ => "cancel",
+                    };
+                    (taken, r.content)
+                }
+                Err(e) => {
+                    self.continuations.release(&slot);
+                    return ToolReply::error(
+                        Diagnostics::failed(
+                            FailureKind::Cancelled,
+                            format!("the input request failed: {e}; nothing was executed"),
+                        )
+                        .with_next_step("Call the original tool with complete params."),
+                    );
+                }
+            };
+            let mut provided = params.clone();
+            if let Some(p) = provided.as_object_mut() {
+                p.extend(answered.clone());
+            }
+            match completion::check_answer(action, &provided, &missing, taken, content.as_ref()) {
+                Ok(a) => answered.extend(a),
+                Err((reply, reason)) => {
+                    self.continuations.release(&slot);
+                    self.audit_refusal(spec, &args, action, trace, reason).await;
+                    return reply;
+                }
+            }
+            missing.retain(|m| !answered.contains_key(m));
+        }
+        self.continuations.release(&slot);
+        let merged = completion::merged_args(&args, &answered);
+        self.exec_call(spec, merged, trace, &ctx.ct, progress).await
+    }
+
+    /// A `refused` audit record for a continuation that executes nothing.
+    async fn audit_refusal(
+        &self,
+        spec: ToolSpec,
+        args: &Value,
+        action: &snowluma_catalog::Action,
+        trace: &CallTrace,
+        reason: &'static str,
+    ) {
+        let Some(log) = &self.audit else { return };
+        let about = ActionRef {
+            op_id: hex(&crate::trace::random_bytes::<16>()),
+            tool: spec.name.to_owned(),
+            action: args.get("action").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            canonical: action.name.clone(),
+            read_only: action.read_only,
+            mode: self.config.mode.as_str(),
+            traceparent: trace.traceparent.clone(),
+        };
+        if let Err(e) = log.record(ActionRecord::Refused { action: about, reason }).await {
+            tracing::error!(error = %e, "cannot write an audit record for a refused continuation");
+        }
+    }
+
     async fn runtime_info(&self, args: Value, cancel: &CancellationToken, trace: &CallTrace) -> ToolReply {
         crate::runtime::runtime_info(self, args, cancel, trace).await
     }
@@ -382,6 +609,22 @@ impl ServerHandler for SnowlumaServer {
                 Handler::Query | Handler::Invoke => {
                     let progress = ctx.meta.get_progress_token().map(|t| (ctx.peer.clone(), t));
                     self.exec_call(spec, args, &trace, &ctx.ct, progress).await
+                }
+                Handler::QueryWithInput | Handler::InvokeWithInput => {
+                    let input = (request.input_responses, request.request_state);
+                    match self.with_input(spec, args, input, &ctx, &trace).await? {
+                        Completion::Done(reply) => reply,
+                        Completion::Ask(result) => {
+                            tracing::info!(
+                                tool = spec.name,
+                                traceparent = %trace.traceparent,
+                                outcome = "input_required",
+                                duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+                                "tool call"
+                            );
+                            return Ok(result.into());
+                        }
+                    }
                 }
                 Handler::RuntimeInfo => self.runtime_info(args, &ctx.ct, &trace).await,
             }

@@ -79,10 +79,20 @@ fn tool_lists_per_mode() {
     type Env<'a> = &'a [(&'a str, &'a str)];
     let cases: [(Env, Vec<&str>); 4] = [
         (&[], DOCS_TOOLS.to_vec()),
-        (&[ep], [&DOCS_TOOLS[..4], &["query_action", "get_runtime_info"]].concat()),
+        (&[ep], [&DOCS_TOOLS[..4], &["query_action", "get_runtime_info", "query_action_with_input"]].concat()),
         (
             &[ep, ("SNOWLUMA_MCP_MODE", "write")],
-            [&DOCS_TOOLS[..4], &["query_action", "invoke_action", "get_runtime_info"]].concat(),
+            [
+                &DOCS_TOOLS[..4],
+                &[
+                    "query_action",
+                    "invoke_action",
+                    "get_runtime_info",
+                    "query_action_with_input",
+                    "invoke_action_with_input",
+                ],
+            ]
+            .concat(),
         ),
         (&[ep, ("SNOWLUMA_MCP_MODE", "docs")], DOCS_TOOLS.to_vec()),
     ];

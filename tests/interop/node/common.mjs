@@ -31,8 +31,8 @@ export const INTEROP_FILE_BYTES = 262_144;
 /** The tools the server must list in `mode`. */
 export function expectedTools(mode) {
     if (mode === 'docs') return [...DOCS_TOOLS];
-    if (mode === 'read') return [...DOCS_TOOLS, 'query_action'];
-    return [...DOCS_TOOLS, 'query_action', 'invoke_action'];
+    if (mode === 'read') return [...DOCS_TOOLS, 'query_action', 'query_action_with_input'];
+    return [...DOCS_TOOLS, 'query_action', 'invoke_action', 'query_action_with_input', 'invoke_action_with_input'];
 }
 
 /** The bytes the fake serves for interop.bin: byte i is i % 251. */

@@ -590,9 +590,9 @@ class Run:
 
             expected = set(DOC_TOOLS)
             if self.mode in ("read", "write"):
-                expected.add("query_action")
+                expected.update(("query_action", "query_action_with_input"))
             if self.mode == "write":
-                expected.add("invoke_action")
+                expected.update(("invoke_action", "invoke_action_with_input"))
             if not await self.check(f"tools/list ({self.mode})", self.c_list_tools, expected):
                 return
 
