@@ -303,6 +303,51 @@ impl Mcp {
         r
     }
 
+    /// Send a request without waiting for its response; returns its id
+    /// (collect the response later with [`Mcp::wait_for`]).
+    pub fn send_request(&mut self, method: &str, params: Value) -> Value {
+        let id = json!(self.next_id());
+        let mut msg = json!({"jsonrpc": "2.0", "id": id, "method": method});
+        if !params.is_null() {
+            msg["params"] = params;
+        }
+        self.send(&msg);
+        id
+    }
+
+    /// Wait for a request the server sends to the client (a message with
+    /// `method` and an `id`, e.g. `elicitation/create`), keeping everything
+    /// else in the backlog.
+    pub fn wait_server_request(&mut self, method: &str) -> Value {
+        let is_it = |m: &Value| m.get("method").and_then(Value::as_str) == Some(method) && m.get("id").is_some();
+        if let Some(pos) = self.backlog.iter().position(is_it) {
+            return self.backlog.remove(pos).unwrap();
+        }
+        let deadline = Instant::now() + SAFETY;
+        loop {
+            let m = self.recv_before(deadline);
+            if is_it(&m) {
+                return m;
+            }
+            self.backlog.push_back(m);
+        }
+    }
+
+    /// The requests with `method` the server has sent so far that are still
+    /// in the backlog (not taken by [`Mcp::wait_server_request`]).
+    pub fn server_requests_in_backlog(&self, method: &str) -> Vec<Value> {
+        self.backlog
+            .iter()
+            .filter(|m| m.get("method").and_then(Value::as_str) == Some(method) && m.get("id").is_some())
+            .cloned()
+            .collect()
+    }
+
+    /// Answer a request the server sent to the client.
+    pub fn respond(&mut self, id: &Value, result: Value) {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result}));
+    }
+
     /// Call a tool in a legacy session; returns the CallToolResult.
     pub fn call(&mut self, tool: &str, args: Value) -> Value {
         self.ok("tools/call", json!({"name": tool, "arguments": args}))
@@ -372,6 +417,14 @@ pub fn modern_meta() -> Value {
         "io.modelcontextprotocol/clientCapabilities": {},
         "io.modelcontextprotocol/clientInfo": {"name": "e2e", "version": "1"}
     })
+}
+
+/// The per-request `_meta` of a modern client declaring `capabilities`
+/// (e.g. `{"elicitation": {}}`).
+pub fn modern_meta_with(capabilities: Value) -> Value {
+    let mut meta = modern_meta();
+    meta["io.modelcontextprotocol/clientCapabilities"] = capabilities;
+    meta
 }
 
 /// `structuredContent` of a CallToolResult.
