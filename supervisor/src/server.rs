@@ -68,6 +68,17 @@ enum Completion {
     Ask(rmcp::model::InputRequiredResult),
 }
 
+/// Whether this (modern) request's own client capabilities declare form
+/// elicitation (`elicitation: {}` or with `form`): input requests are only
+/// ever put in a result for a capability the request declared.
+fn modern_form(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.meta
+        .get("io.modelcontextprotocol/clientCapabilities")
+        .and_then(|c| c.get("elicitation"))
+        .and_then(Value::as_object)
+        .is_some_and(|e| e.is_empty() || e.contains_key("form"))
+}
+
 /// A refused continuation, as the JSON-RPC error the protocol asks for.
 fn state_error(e: StateError) -> McpError {
     McpError::invalid_params(e.to_string(), None)
@@ -329,7 +340,7 @@ impl SnowlumaServer {
         // Every gate the call would meet, before anyone is asked anything;
         // a call that fails one goes through exec_call, which refuses it
         // exactly as the original tool does (and audits a policy refusal).
-        let Some((action, params)) = self.gated(spec, &args) else {
+        let Some((action, params, automatic_upload)) = self.gated(spec, &args) else {
             return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, progress).await));
         };
         let digest = completion::args_digest(spec.name, &args);
@@ -370,23 +381,25 @@ impl SnowlumaServer {
             answered.extend(answer);
             let remaining: Vec<String> = st.missing.into_iter().filter(|m| !answered.contains_key(m)).collect();
             if !remaining.is_empty() {
+                // Asked again only if this request, too, declares form elicitation.
+                if !modern_form(ctx) {
+                    return Ok(Completion::Done(completion::no_form_support(spec.name, &remaining)));
+                }
                 return Ok(self.ask_modern(spec, action, digest, remaining, answered));
             }
             let merged = completion::merged_args(&args, &answered);
             return Ok(Completion::Done(self.exec_call(spec, merged, trace, &ctx.ct, progress).await));
         }
-        let missing = completion::missing(action, &params);
+        let mut missing = completion::missing(action, &params);
+        if automatic_upload {
+            // The server sets these itself for an automatic upload.
+            missing.retain(|m| !crate::transfers::MCP_OWNED_UPLOAD_FIELDS.contains(&m.as_str()));
+        }
         if missing.is_empty() {
             return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, progress).await));
         }
         if is_modern(ctx) {
-            let form = ctx
-                .meta
-                .get("io.modelcontextprotocol/clientCapabilities")
-                .and_then(|c| c.get("elicitation"))
-                .and_then(Value::as_object)
-                .is_some_and(|e| e.is_empty() || e.contains_key("form"));
-            if !form {
+            if !modern_form(ctx) {
                 return Ok(Completion::Done(completion::no_form_support(spec.name, &missing)));
             }
             return Ok(self.ask_modern(spec, action, digest, missing, serde_json::Map::new()));
@@ -401,7 +414,8 @@ impl SnowlumaServer {
 
     /// The gates up to the operator's policy, without side effects: the
     /// action and its params when the call would pass them all.
-    fn gated(&self, spec: ToolSpec, args: &Value) -> Option<(&'static snowluma_catalog::Action, Value)> {
+    /// The third value: the call is an automatic upload (`execution.input_file`).
+    fn gated(&self, spec: ToolSpec, args: &Value) -> Option<(&'static snowluma_catalog::Action, Value, bool)> {
         let parsed = gates::arguments(spec.name, args.clone()).ok()?;
         if !spec.modes.contains(self.config.mode) {
             return None;
@@ -409,9 +423,10 @@ impl SnowlumaServer {
         gates::endpoint(self.workers.network.as_ref()).ok()?;
         let action = gates::catalog_action(self.catalog, &parsed.action).ok()?;
         gates::read_only(spec.handler.read_only_tool(), action).ok()?;
+        let automatic_upload = parsed.input_file().is_some();
         let params = gates::params(parsed.params).ok()?;
         gates::policy(&self.policy, action).ok()?;
-        Some((action, params))
+        Some((action, params, automatic_upload))
     }
 
     /// A modern `input_required` result for `missing`, or the refusal when
