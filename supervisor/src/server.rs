@@ -615,6 +615,12 @@ impl ServerHandler for SnowlumaServer {
                 ),
             ));
         };
+        // Only the _with_input tools issue continuations; any other tool
+        // refuses one rather than run as if it were not there.
+        let completes = matches!(spec.handler, Handler::QueryWithInput | Handler::InvokeWithInput);
+        if !completes && request.request_state.is_some() {
+            return Err(state_error(StateError::Foreign));
+        }
         let args = Value::Object(request.arguments.unwrap_or_default());
         let reply = if !spec.modes.contains(self.config.mode) {
             gates::mode_refusal(spec.name, spec.modes.need(), self.config.mode)

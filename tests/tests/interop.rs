@@ -13,12 +13,18 @@
 //! exits non-zero on any failure; here each runs in docs, read and write
 //! mode, and the fake SnowLuma's log is checked afterwards: each write went
 //! out exactly once, the cancelled call's connection was closed, the
-//! download left exactly one complete file.
+//! download left exactly one complete file. The TypeScript SDK v2 and the
+//! Python SDK (both of its sessions) also complete a missing parameter
+//! through elicitation in write mode (`invoke_action_with_input` with
+//! `{"action":"send_group_msg","params":{"group_id":20001}}`, their handlers
+//! answering `{"message":"Hello"}`): the fake must see that write exactly
+//! once per session, with the merged params.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use serde_json::{Value, json};
 use snowluma_e2e::{BoundedOutput, Fake, bin_path};
 
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +114,14 @@ fn sessions(out: &str) -> usize {
     labels.len().max(1)
 }
 
+/// Whether the client's write run completes input through elicitation
+/// (common.mjs `inputCompletion`, client.py `c_invoke_with_input`). The TS
+/// SDK v1 client does not run that step; the Inspector's CLI cannot answer
+/// server requests and runs no write mode here.
+fn completes_input(client: Client) -> bool {
+    matches!(client, Client::TsV2 | Client::Python)
+}
+
 fn docs(client: Client) {
     run(client, "docs", None, None);
 }
@@ -137,7 +151,26 @@ fn write(client: Client) {
     let n = sessions(&out);
     let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
     let count = |name: &str| actions.iter().filter(|a| *a == name).count();
-    assert_eq!(count("send_group_msg"), n, "{client:?}: the write went out exactly once per session: {actions:?}");
+    // The completed write: group_id from the call, message from the answer.
+    let merged = json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}});
+    let sends: Vec<Value> = fake
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.action.as_deref() == Some("send_group_msg"))
+        .map(|r| r.json().unwrap_or(Value::Null))
+        .collect();
+    let completed = if completes_input(client) { n } else { 0 };
+    assert_eq!(
+        sends.iter().filter(|b| **b == merged).count(),
+        completed,
+        "{client:?}: the completed write went out exactly once per session, with the merged params: {sends:?}"
+    );
+    assert_eq!(
+        count("send_group_msg"),
+        n + completed,
+        "{client:?}: each write went out exactly once per session: {actions:?}"
+    );
     assert_eq!(count("download_file_stream"), n, "{client:?}: one download per session: {actions:?}");
     assert_eq!(count("get_group_list"), n, "{client:?}: the slow call went out once per session: {actions:?}");
     // The cancelled call's request was abandoned: its connection closed.

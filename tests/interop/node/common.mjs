@@ -35,6 +35,43 @@ export function expectedTools(mode) {
     return [...DOCS_TOOLS, 'query_action', 'invoke_action', 'query_action_with_input', 'invoke_action_with_input'];
 }
 
+/**
+ * Input completion: the call whose missing field the server asks for, and
+ * the answer the clients' elicitation handlers give (tests/tests/interop.rs
+ * looks for exactly this merged request at the fake).
+ */
+export const INPUT_CALL = { action: 'send_group_msg', params: { group_id: 20001 } };
+export const INPUT_ANSWER = { message: 'Hello' };
+
+/**
+ * An `elicitation/create` handler for the input-completion form: records
+ * the request's params in `seen` and accepts with `params_json` holding
+ * INPUT_ANSWER (a non-form request is declined).
+ */
+export function inputCompletionHandler(seen) {
+    return async (request) => {
+        const params = request.params ?? {};
+        seen.push(params);
+        if ((params.mode ?? 'form') !== 'form') return { action: 'decline' };
+        return { action: 'accept', content: { params_json: JSON.stringify(INPUT_ANSWER) } };
+    };
+}
+
+/** Problems with the form of an input-completion elicitation (empty when it is as specified). */
+export function inputFormProblems(params) {
+    const problems = [];
+    const message = typeof params?.message === 'string' ? params.message : '';
+    if (!message.includes('send_group_msg')) problems.push(`the message does not name send_group_msg: ${JSON.stringify(message)}`);
+    if (!message.includes('message')) problems.push(`the message does not name the missing field: ${JSON.stringify(message)}`);
+    const schema = params?.requestedSchema ?? {};
+    const props = Object.keys(schema.properties ?? {});
+    if (schema.type !== 'object' || props.length !== 1 || props[0] !== 'params_json' || schema.properties.params_json.type !== 'string') {
+        problems.push(`requestedSchema is not one string field params_json: ${JSON.stringify(schema)}`);
+    }
+    if (JSON.stringify(schema.required) !== '["params_json"]') problems.push(`required is ${JSON.stringify(schema.required)}`);
+    return problems;
+}
+
 /** The bytes the fake serves for interop.bin: byte i is i % 251. */
 export function expectedFileBytes() {
     const bytes = Buffer.alloc(INTEROP_FILE_BYTES);
@@ -260,11 +297,15 @@ export function resultProblems(validators, tool, res) {
  *   connect(), serverInfo(), protocolVersion(), listTools(),
  *   callTool(name, args, {onprogress?, signal?}), listResources(),
  *   listResourceTemplates(), readResource(uri), close() -> {exitCode, signal, ms},
- *   errors() -> the errors the SDK reported through its onerror hook
+ *   errors() -> the errors the SDK reported through its onerror hook,
+ *   elicitations() (optional) -> the params of every elicitation/create its
+ *     handler (inputCompletionHandler) answered
  * Every call is bounded by REQUEST_TIMEOUT_MS (the adapters pass it to the
- * SDK; withTimeout is the backstop).
+ * SDK; withTimeout is the backstop). With `inputCompletion` (a client that
+ * handles elicitation), write mode also completes INPUT_CALL through
+ * invoke_action_with_input.
  */
-export async function runScenario(checks, cfg, client, { expectProtocol } = {}) {
+export async function runScenario(checks, cfg, client, { expectProtocol, inputCompletion = false } = {}) {
     const ajv = makeAjv();
     let validators = new Map();
     const T = (p, what) => withTimeout(p, REQUEST_TIMEOUT_MS + 5_000, what);
@@ -428,6 +469,21 @@ export async function runScenario(checks, cfg, client, { expectProtocol } = {}) 
                 expect(sc.result?.retcode === 100, `result.retcode is ${JSON.stringify(sc.result?.retcode)}`);
                 return `kind ${sc.diagnostics.kind}, wording ${JSON.stringify(sc.result.wording)}`;
             });
+
+        if (inputCompletion) {
+            await call('tools/call invoke_action_with_input send_group_msg {group_id} completes the message through elicitation',
+                'invoke_action_with_input', INPUT_CALL, (res, sc) => {
+                    const seen = client.elicitations();
+                    expect(seen.length === 1, `the elicitation handler ran ${seen.length} times, expected once`);
+                    const problems = inputFormProblems(seen[0]);
+                    expect(problems.length === 0, problems.join('; '));
+                    // Executed: the fake's interop preset answers every send_group_msg with retcode 100.
+                    expect(res.isError !== true, `isError is true: ${JSON.stringify(sc.diagnostics)}`);
+                    expect(sc.result?.retcode === 100,
+                        `result is ${JSON.stringify(sc.result)?.slice(0, 200)}, expected the fake's envelope (retcode 100)`);
+                    return `asked once (${JSON.stringify(seen[0].message)}), executed: outcome ${sc.diagnostics.outcome}, retcode ${sc.result.retcode}`;
+                });
+        }
 
         let progress = [];
         await call('tools/call invoke_action download_file_stream with progress', 'invoke_action',

@@ -11,6 +11,15 @@
 // exactly that revision, with no fallback). The initialize check also
 // asserts client.getNegotiatedProtocolVersion() === '2026-07-28'.
 //
+// Input completion (write mode): the client declares form elicitation and
+// registers an `elicitation/create` handler (common.mjs
+// inputCompletionHandler). On the 2026-07-28 era the server never sends that
+// request itself: it answers tools/call with `resultType: "input_required"`
+// and the SDK's multi-round-trip driver (ClientOptions.inputRequired,
+// auto-fulfilment on by default) runs the same handler, then retries the call
+// with `inputResponses` and the byte-exact `requestState`; callTool() only
+// returns the final result.
+//
 // Run from the repository root after tests/interop/setup.sh:
 //   SNOWLUMA_MCP_BIN=$PWD/target/debug/snowluma-mcp INTEROP_MODE=docs node tests/interop/node/v2.mjs
 //   (read/write modes also need INTEROP_ENDPOINT=<fake URL>; write also
@@ -19,7 +28,10 @@
 
 import { Client } from '@modelcontextprotocol/client';
 import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
-import { Checks, REQUEST_TIMEOUT_MS, childExit, errorText, installGuards, readConfig, runScenario, serverEnv, withTimeout } from './common.mjs';
+import {
+    Checks, REQUEST_TIMEOUT_MS, childExit, errorText, inputCompletionHandler, installGuards, readConfig, runScenario, serverEnv,
+    withTimeout,
+} from './common.mjs';
 
 const PROTOCOL = '2026-07-28';
 
@@ -38,10 +50,14 @@ try {
 const client = new Client(
     { name: 'snowluma-interop-ts-sdk-v2', version: '1.0.0' },
     {
-        capabilities: {},
+        capabilities: { elicitation: { form: {} } },
         versionNegotiation: { mode: { pin: PROTOCOL }, probe: { timeoutMs: REQUEST_TIMEOUT_MS } },
+        inputRequired: { maxRounds: 3 },
     },
 );
+// The params of every elicitation the handler answered (MRTR rounds included).
+const elicitations = [];
+client.setRequestHandler('elicitation/create', inputCompletionHandler(elicitations));
 // Errors the SDK reports outside any request's promise (see common.mjs).
 const clientErrors = [];
 client.onerror = (err) => {
@@ -69,13 +85,14 @@ await runScenario(checks, cfg, {
     listResourceTemplates: () => client.listResourceTemplates(undefined, opts()),
     readResource: (uri) => client.readResource({ uri }, opts()),
     errors: () => clientErrors,
+    elicitations: () => elicitations,
     close: async () => {
         const started = Date.now();
         await client.close();
         const { exitCode, signal } = await exited;
         return { exitCode, signal, ms: Date.now() - started };
     },
-}, { expectProtocol: PROTOCOL });
+}, { expectProtocol: PROTOCOL, inputCompletion: true });
 // After a failed run the server may still be up: stop it (a no-op after close).
 await withTimeout(transport.close(), 5_000, 'transport close').catch(() => {});
 checks.finish();

@@ -19,6 +19,14 @@ path `Client(StdioServerParameters(...))` takes), once per connection style:
     auto    Client(mode="auto"), the SDK's default: the `server/discover`
             probe, falling back to `initialize`.
 
+Both sessions register an elicitation callback (so the SDK declares form
+elicitation): in write mode `invoke_action_with_input` with `group_id` only
+makes the server ask for `message`; the legacy session gets a server-to-client
+`elicitation/create` request, the modern one an `input_required` result that
+the SDK's multi-round-trip driver answers through the same callback before
+retrying the call with `requestState` (`Client.call_tool` returns only the
+final result).
+
 Two passive taps are added around the SDK's own transport: the server's
 stderr goes through a pipe that is copied line by line to this script's
 stderr (and kept, to look for the server's own log lines), and the JSON-RPC
@@ -47,7 +55,9 @@ import anyio.to_thread
 from jsonschema import Draft202012Validator
 
 from mcp import Client
+from mcp.client import ClientRequestContext
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.types import ElicitRequestFormParams, ElicitRequestParams, ElicitResult
 
 SERVER_NAME = "snowluma-mcp"
 DOC_TOOLS = {"list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info"}
@@ -60,6 +70,10 @@ INTEROP_FILE = "interop.bin"
 INTEROP_FILE_BYTES = 256 * 1024
 INTEROP_FILE_SHA256 = hashlib.sha256(bytes(i % 251 for i in range(INTEROP_FILE_BYTES))).hexdigest()
 BUSINESS_FAILURE_RETCODE = 100
+# Input completion: the call missing `message`, and the callback's answer
+# (tests/tests/interop.rs looks for exactly this merged request at the fake).
+INPUT_CALL = {"action": "send_group_msg", "params": {"group_id": 20001}}
+INPUT_ANSWER = {"message": "Hello"}
 
 # Whole-run bound (the contract: FAIL and exit 1 past 90 s). The async part
 # gets a little less so that its own FAIL line and summary are printed; the
@@ -264,6 +278,14 @@ class Run:
         self.received: list[dict[str, Any]] = []
         self.tools: dict[str, Any] = {}
         self.validators: dict[str, Draft202012Validator] = {}
+        self.elicitations: list[ElicitRequestParams] = []
+
+    async def on_elicit(self, context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        """The elicitation callback: record the request, answer the form with INPUT_ANSWER."""
+        self.elicitations.append(params)
+        if not isinstance(params, ElicitRequestFormParams):
+            return ElicitResult(action="decline")
+        return ElicitResult(action="accept", content={"params_json": json.dumps(INPUT_ANSWER)})
 
     def name(self, check: str) -> str:
         return f"[{self.era}] {check}"
@@ -462,6 +484,47 @@ class Run:
         expect(isinstance(r, dict) and r.get("retcode") == BUSINESS_FAILURE_RETCODE, f"result {short(r)}")
         return f"isError false, outcome failed, retcode 100, kind {sc['diagnostics'].get('kind')}"
 
+    async def c_invoke_with_input(self) -> str:
+        mark = len(self.elicitations)
+        sent_mark, received_mark = len(self.sent), len(self.received)
+        result, sc = await self.call("invoke_action_with_input", INPUT_CALL)
+        asked = self.elicitations[mark:]
+        # On the wire: a server-to-client request (legacy), or an input_required
+        # result and a retry echoing its requestState (modern).
+        received, sent = self.received[received_mark:], self.sent[sent_mark:]
+        pushed = [m for m in received if m.get("method") == "elicitation/create"]
+        states = [
+            (m.get("result") or {}).get("requestState")
+            for m in received
+            if (m.get("result") or {}).get("resultType") == "input_required"
+        ]
+        retries = [m for m in sent if m.get("method") == "tools/call" and "requestState" in (m.get("params") or {})]
+        if self.era == "legacy":
+            expect(len(pushed) == 1 and not states, f"expected one elicitation/create request: {len(pushed)} requests, {len(states)} input_required")
+        else:
+            expect(not pushed and len(states) == 1, f"expected one input_required result: {len(pushed)} requests, {len(states)} input_required")
+            expect(
+                len(retries) == 1 and retries[0]["params"]["requestState"] == states[0],
+                f"expected one retry echoing requestState: {short(retries)}",
+            )
+        expect(len(asked) == 1, f"the elicitation callback ran {len(asked)} times, expected once")
+        form = asked[0]
+        expect(isinstance(form, ElicitRequestFormParams), f"not a form elicitation: {short(form.model_dump())}")
+        expect("send_group_msg" in form.message and "message" in form.message, f"message {form.message!r}")
+        schema = form.requested_schema or {}
+        props = schema.get("properties") or {}
+        expect(
+            schema.get("type") == "object" and list(props) == ["params_json"] and props["params_json"].get("type") == "string",
+            f"requestedSchema is not one string field params_json: {short(schema)}",
+        )
+        expect(schema.get("required") == ["params_json"], f"required {schema.get('required')!r}")
+        # Executed: the fake's interop preset answers every send_group_msg with retcode 100.
+        expect(result.is_error is False, f"isError {result.is_error}: {short(sc)}")
+        r = sc["result"]
+        expect(isinstance(r, dict) and r.get("retcode") == BUSINESS_FAILURE_RETCODE, f"result {short(r)}")
+        how = "elicitation/create request" if self.era == "legacy" else "input_required round"
+        return f"asked once ({how}: {form.message!r}), executed: outcome {sc['diagnostics'].get('outcome')}, retcode {r.get('retcode')}"
+
     async def c_download(self) -> str:
         progress: list[tuple[float, float | None, str | None]] = []
 
@@ -571,6 +634,8 @@ class Run:
             tapped_stdio(params, self.tap.writer, self.sent, self.received),
             mode=self.era,
             read_timeout_seconds=REQUEST_TIMEOUT_S,
+            elicitation_callback=self.on_elicit,
+            input_required_max_rounds=3,
         )
         entered = False
         closing_started = None
@@ -613,6 +678,7 @@ class Run:
                 await self.check("query_action send_group_msg -> refused", self.c_query_write_refused)
             if self.mode == "write":
                 await self.check("invoke_action send_group_msg -> business failure", self.c_invoke_business_failure)
+                await self.check("invoke_action_with_input send_group_msg {group_id} -> elicitation", self.c_invoke_with_input)
                 await self.check("invoke_action download_file_stream", self.c_download)
                 await self.check("cancel query_action get_group_list", self.c_cancel)
                 await self.check("list_categories after cancel", self.c_after_cancel)
