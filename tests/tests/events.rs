@@ -428,3 +428,28 @@ fn no_event_tools_without_configuration() {
     let r = s.request("tools/call", json!({"name": "subscribe_events", "arguments": {"self_id": 1}}));
     assert!(r.get("error").is_some(), "{r}");
 }
+
+/// A network executor that stops (here without a token, so it can be
+/// restarted) ends the connection visibly; nothing reconnects by itself.
+#[test]
+fn executor_restart_ends_the_connection_visibly() {
+    let fake = Fake::start(None);
+    let ev = fake.start_events(None, SELF_ID);
+    let url = fake.fake.url();
+    let ws = ev.url();
+    let mut s = Mcp::spawn(&[
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_MODE", "read"),
+        ("SNOWLUMA_MCP_EVENTS_URL", ws.as_str()),
+    ]);
+    s.initialize("2025-11-25");
+    let uri = subscribe_uri(&mut s, json!({"self_id": SELF_ID}));
+    let pid = s.wait_worker("network");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let v = wait_state(&mut s, &uri, "stopped");
+    assert!(v["status"]["reason"].as_str().unwrap().contains("network executor stopped"), "{v}");
+    wait_until("the socket is closed", || (ev.open() == 0).then_some(()));
+    assert_eq!(ev.accepted(), 1, "no silent reconnect");
+    let r = s.call("subscribe_events", json!({"self_id": SELF_ID}));
+    assert!(is_error(&r) && text(&r).contains("release"), "{r}");
+}
