@@ -83,7 +83,9 @@ fn main() {
     let (sup1, exe1) = (cpu_secs(supervisor), cpu_secs(executor));
     let notified = s.notifications_in_backlog("notifications/resources/updated").len();
     let per_event_us = |a: f64, b: f64| (b - a) / n as f64 * 1e6;
-    println!("| events | resources | events/s | supervisor CPU µs/event | executor CPU µs/event | update notifications |");
+    println!(
+        "| events | resources | events/s | supervisor CPU µs/event | executor CPU µs/event | update notifications |"
+    );
     println!("|---|---|---|---|---|---|");
     println!(
         "| {n} | 16 | {:.0} | {:.1} | {:.1} | {notified} |",
