@@ -254,3 +254,89 @@ async fn serve(shared: Arc<EvShared>, stream: tokio::net::TcpStream) {
     st.open.retain(|(i, _)| *i != id);
     st.closed += 1;
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    async fn connect(
+        ev: &FakeEvents,
+        token: Option<&str>,
+    ) -> tokio_tungstenite::WebSocketStream<tokio::net::TcpStream> {
+        let mut req = ev.url().into_client_request().unwrap();
+        if let Some(t) = token {
+            req.headers_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        tokio_tungstenite::client_async(req, tokio::net::TcpStream::connect(ev.addr).await.unwrap()).await.unwrap().0
+    }
+
+    async fn next_json<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+        ws: &mut tokio_tungstenite::WebSocketStream<S>,
+    ) -> Value {
+        match ws.next().await.unwrap().unwrap() {
+            Message::Text(t) => serde_json::from_str(t.as_str()).unwrap(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Bootstrap frames in SnowLuma's order, then injected events; a
+    /// server-side close is seen by the client and counted.
+    #[tokio::test]
+    async fn bootstrap_then_events_then_close() {
+        let ev = FakeEvents::start(Some("t".into()), 7).await.unwrap();
+        let mut ws = connect(&ev, Some("t")).await;
+        let kinds: Vec<(Value, Value)> = {
+            let mut v = Vec::new();
+            for _ in 0..3 {
+                let m = next_json(&mut ws).await;
+                assert_eq!(m["self_id"], 7);
+                v.push((m["meta_event_type"].clone(), m["sub_type"].clone()));
+            }
+            v
+        };
+        assert_eq!(
+            kinds,
+            vec![
+                (json!("lifecycle"), json!("connect")),
+                (json!("lifecycle"), json!("enable")),
+                (json!("heartbeat"), Value::Null)
+            ]
+        );
+        assert_eq!(ev.accepted(), 1);
+        assert_eq!(ev.send(&group_message(7, 1, 2, "hi")), 1);
+        assert_eq!(next_json(&mut ws).await["raw_message"], "hi");
+        assert_eq!(ev.close_all(), 1);
+        match ws.next().await {
+            Some(Ok(Message::Close(Some(f)))) => assert_eq!(f.code, CloseCode::Normal),
+            other => panic!("{other:?}"),
+        }
+        drop(ws);
+        for _ in 0..500 {
+            if ev.closed() == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!((ev.open(), ev.closed()), (0, 1));
+    }
+
+    /// A wrong or missing token: accepted at the HTTP level, then closed
+    /// with 1008 `invalid access token`, like SnowLuma.
+    #[tokio::test]
+    async fn bad_token_is_closed_with_1008() {
+        let ev = FakeEvents::start(Some("t".into()), 7).await.unwrap();
+        for token in [Some("wrong"), None] {
+            let mut ws = connect(&ev, token).await;
+            match ws.next().await {
+                Some(Ok(Message::Close(Some(f)))) => {
+                    assert_eq!(f.code, CloseCode::Policy);
+                    assert_eq!(f.reason.as_str(), "invalid access token");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!((ev.accepted(), ev.rejected()), (0, 2));
+    }
+}
