@@ -174,6 +174,24 @@ pub struct NetworkConfig {
     pub resolved: Vec<std::net::SocketAddr>,
     pub token: Option<String>,
     pub timeout_ms: u64,
+    /// SnowLuma's event WebSocket (`SNOWLUMA_MCP_EVENTS_URL`), only when
+    /// configured; it uses the same token.
+    pub events: Option<EventsTarget>,
+}
+
+/// Where the event WebSocket is: the URL exactly as configured and its
+/// host's addresses, resolved by the supervisor at startup.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct EventsTarget {
+    pub url: String,
+    pub resolved: Vec<std::net::SocketAddr>,
+}
+
+impl std::fmt::Debug for EventsTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the URL.
+        f.debug_struct("EventsTarget").finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for NetworkConfig {
@@ -193,11 +211,39 @@ pub enum ToWorker {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum FromWorker {
-    Ready { build: String, pid: u32 },
-    Refused { reason: String },
+    Ready {
+        build: String,
+        pid: u32,
+    },
+    Refused {
+        reason: String,
+    },
     Configured,
-    Reply { id: u64, reply: Reply },
-    Progress { id: u64, progress: Progress },
+    Reply {
+        id: u64,
+        reply: Reply,
+    },
+    Progress {
+        id: u64,
+        progress: Progress,
+    },
+    /// Something on the event connection opened by [`Request::Events`]
+    /// with this id; the request's reply says why the connection ended.
+    Event {
+        id: u64,
+        event: EventMsg,
+    },
+}
+
+/// What the network executor reports on an event connection.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum EventMsg {
+    /// The WebSocket handshake succeeded.
+    Connected,
+    /// One OneBot event (not a meta event), as received: a JSON object whose
+    /// `self_id` is the connection's account. The receiver parses it again
+    /// as untrusted input.
+    Event(JsonText),
 }
 
 /// W3C trace context of one tool call, already validated by the supervisor.
@@ -220,6 +266,12 @@ pub enum Request {
     /// File-transfer worker operations. A reply that hands over a file
     /// sends its descriptor on the fd channel tagged `fd_tag` first.
     Files(FilesRequest),
+    /// Open SnowLuma's event WebSocket (network executor) and report each
+    /// event as [`FromWorker::Event`] until the connection ends (answered by
+    /// [`Reply::EventsClosed`]) or the request is cancelled (the socket is
+    /// closed). Every event must belong to `self_id`; nothing is ever sent
+    /// on the socket but the protocol's own control frames.
+    Events { self_id: i64 },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -294,6 +346,11 @@ pub enum Reply {
     Files(FilesReply),
     /// The worker could not serve the request at all.
     Error(WorkerError),
+    /// The event connection of a [`Request::Events`] ended; `reason` says
+    /// why (no URL, token or event content in it).
+    EventsClosed {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]

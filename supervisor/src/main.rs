@@ -6,6 +6,7 @@ mod completion;
 mod config;
 mod doctor;
 mod endpoint;
+mod events;
 mod gates;
 mod policy;
 mod progress;
@@ -148,9 +149,6 @@ fn main() -> ExitCode {
             }
         }
     };
-    if config.events_url.is_some() {
-        tracing::warn!("SNOWLUMA_MCP_EVENTS_URL is set, but event resources are not part of this build; ignoring it");
-    }
     if config.task_dir.is_some() {
         tracing::warn!("SNOWLUMA_MCP_TASK_DIR is set, but persistent tasks are not part of this build; ignoring it");
     }
@@ -187,7 +185,8 @@ fn main() -> ExitCode {
         transfer_dirs.iter().map(|d| std::os::fd::AsFd::as_fd(&*d.download_fd)).collect();
     // Name resolution needs /etc and sockets, which the confined supervisor
     // and executor lack: resolve the endpoint's host now.
-    let resolved = resolve_endpoint(config.endpoint.as_deref());
+    let resolved = resolve_endpoint(config.endpoint.as_deref().and_then(|e| config::http_endpoint(e).ok()));
+    let events_resolved = resolve_endpoint(config.events_url.as_deref().and_then(|e| config::events_endpoint(e).ok()));
     let read_dirs: Vec<std::os::fd::BorrowedFd<'_>> = transfer_dirs
         .iter()
         .filter_map(|d| d.upload_root.as_ref().map(|(_, _, fd)| std::os::fd::AsFd::as_fd(&**fd)))
@@ -259,7 +258,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let started = Started { config, policy, audit, grants, transfer_dirs, token, resolved };
+    let started = Started { config, policy, audit, grants, transfer_dirs, token, resolved, events_resolved };
     match rt.block_on(run(started, (spawner_sock, spawner_pid))) {
         Ok(Ended::Finished) => ExitCode::SUCCESS,
         Ok(Ended::StdoutGone) | Ok(Ended::Broken) => ExitCode::FAILURE,
@@ -375,9 +374,9 @@ fn open_dir(path: &std::path::Path) -> std::io::Result<std::os::fd::OwnedFd> {
 /// none). Resolved once, here, before confinement: the confined executor
 /// can read no `/etc` and send no UDP. A later change of the name's address
 /// is not seen until the server restarts.
-fn resolve_endpoint(endpoint: Option<&str>) -> Vec<std::net::SocketAddr> {
+fn resolve_endpoint(endpoint: Option<endpoint::Endpoint>) -> Vec<std::net::SocketAddr> {
     use std::net::ToSocketAddrs;
-    let Some(e) = endpoint.and_then(|e| config::http_endpoint(e).ok()) else {
+    let Some(e) = endpoint else {
         return Vec::new();
     };
     if e.is_ip_literal() {
@@ -538,13 +537,15 @@ struct Started {
     /// Moved into the network executor's configuration, then wiped.
     token: Option<zeroize::Zeroizing<String>>,
     resolved: Vec<std::net::SocketAddr>,
+    /// The events host's addresses (empty without events or for an IP literal).
+    events_resolved: Vec<std::net::SocketAddr>,
 }
 
 async fn run(
     started: Started,
     (spawner_sock, spawner_pid): (std::os::fd::OwnedFd, nix::unistd::Pid),
 ) -> Result<Ended, Box<dyn std::error::Error>> {
-    let Started { config, policy, audit, grants, transfer_dirs, mut token, resolved } = started;
+    let Started { config, policy, audit, grants, transfer_dirs, mut token, resolved, events_resolved } = started;
     let spawner = spawner::SpawnerClient::start(spawner_sock, spawner_pid)?;
     let spawner_gone = spawner.gone();
     let fatal = tokio_util::sync::CancellationToken::new();
@@ -564,6 +565,10 @@ async fn run(
                 // Moved, not copied: the buffer is wiped once handed over.
                 token: token.as_mut().map(|t| std::mem::take(&mut **t)),
                 timeout_ms: config.timeout_ms,
+                events: config
+                    .events_url
+                    .clone()
+                    .map(|url| snowluma_proto::EventsTarget { url, resolved: events_resolved.clone() }),
             }),
             spec.clone(),
             Attach { fds: Vec::new(), channel: Some((snowluma_proto::NETWORK_FD_CHANNEL, ChannelDir::ToWorker)) },
@@ -614,8 +619,16 @@ async fn run(
     let slots: Vec<Arc<WorkerSlot>> =
         std::iter::once(catalog.clone()).chain(network.clone()).chain(files.clone()).collect();
     let continuations = completion::Continuations::new(completion::Continuations::clock_offset_from_env())?;
+    // Live event resources: only with an events URL and a network executor.
+    let hub = match (&network, &config.events_url) {
+        (Some(n), Some(_)) => {
+            Some(events::EventHub::new(n.clone(), std::time::Duration::from_millis(config.timeout_ms)))
+        }
+        _ => None,
+    };
     let server =
-        SnowlumaServer::new(config, Workers { catalog, network }, policy, audit, transfer_service, continuations);
+        SnowlumaServer::new(config, Workers { catalog, network }, policy, audit, transfer_service, continuations)
+            .with_events(hub.clone());
     let info = serde_json::to_value(server::implementation())?;
     let transport = transport::LineTransport::stdio(info);
     let stdout = transport.stdout_state();
@@ -658,6 +671,12 @@ async fn run(
         }
         Err(e) => Err(e.into()),
     };
+    // The MCP connection is over: its event resources go with it (the
+    // WebSocket is closed before the executor is stopped).
+    if let Some(hub) = &hub {
+        hub.release_all();
+        tokio::task::yield_now().await;
+    }
     for s in &slots {
         s.shutdown();
     }

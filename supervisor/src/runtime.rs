@@ -96,7 +96,7 @@ pub async fn runtime_info(
         "connection_checked": false,
         "services": {
             "events_configured": cfg.events_url.is_some(),
-            "events_available": false,
+            "events_available": server.events_enabled(),
             "tasks_configured": cfg.task_dir.is_some(),
             "tasks_available": false,
         },

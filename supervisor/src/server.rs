@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::{ActionRecord, ActionRef, AuditLog};
 use crate::completion::{self, StateError};
 use crate::config::Config;
+use crate::events::{EventHub, EventsError};
 use crate::gates;
 use crate::policy::Policy;
 use crate::tools::{self, Handler, ToolSpec};
@@ -60,6 +61,9 @@ pub struct SnowlumaServer {
     transfers: Option<Arc<TransferService>>,
     /// Outstanding input-completion continuations (`completion.rs`).
     continuations: completion::Continuations,
+    /// Live event resources, when `SNOWLUMA_MCP_EVENTS_URL` is configured
+    /// (read and write modes).
+    events: Option<Arc<EventHub>>,
 }
 
 /// What a `*_with_input` call answers: a result, or a request for input.
@@ -172,7 +176,40 @@ impl SnowlumaServer {
         transfers: Option<Arc<TransferService>>,
         continuations: completion::Continuations,
     ) -> SnowlumaServer {
-        SnowlumaServer { config, workers, catalog: Catalog::bundled(), policy, audit, transfers, continuations }
+        SnowlumaServer {
+            config,
+            workers,
+            catalog: Catalog::bundled(),
+            policy,
+            audit,
+            transfers,
+            continuations,
+            events: None,
+        }
+    }
+
+    /// Serve live event resources through `hub`.
+    pub fn with_events(mut self, hub: Option<Arc<EventHub>>) -> SnowlumaServer {
+        self.events = hub;
+        self
+    }
+
+    /// `subscribe_events` / `unsubscribe_events`.
+    async fn events_call(&self, hub: &EventHub, handler: Handler, args: Value) -> ToolReply {
+        let result = match handler {
+            Handler::SubscribeEvents => hub.subscribe(&args).await,
+            _ => match args.as_object().filter(|o| o.len() == 1).and_then(|o| o.get("uri")).and_then(Value::as_str) {
+                Some(uri) => hub.release(uri).map(|()| json!({"released": uri})),
+                None => Err(EventsError::InvalidArguments("expected exactly {\"uri\": <string>}".into())),
+            },
+        };
+        match result {
+            Ok(v) => ToolReply::ok(&v),
+            Err(e @ (EventsError::InvalidArguments(_) | EventsError::NotFound | EventsError::BadCursor(_))) => {
+                ToolReply::fail(FailureKind::InvalidArguments, e.to_string())
+            }
+            Err(e) => ToolReply::fail(FailureKind::Execution, e.to_string()),
+        }
     }
 
     /// This server's file transfers, when it has any.
@@ -182,6 +219,11 @@ impl SnowlumaServer {
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Whether live event resources are served (configured, and a mode that executes).
+    pub fn events_enabled(&self) -> bool {
+        self.events.is_some()
     }
 
     pub fn audit_enabled(&self) -> bool {
@@ -567,12 +609,17 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Resource(_) => "resource",
         Reply::Error(_) => "error",
         Reply::Files(_) => "files",
+        Reply::EventsClosed { .. } => "events closed",
     }
 }
 
 impl ServerHandler for SnowlumaServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().build())
+        let caps = ServerCapabilities::builder().enable_tools().enable_resources();
+        // Resource subscriptions (modern listen, legacy subscribe) exist
+        // only for live event resources.
+        let caps = if self.events.is_some() { caps.enable_resources_subscribe().build() } else { caps.build() };
+        ServerConfig::new(caps)
             .with_server_info(implementation())
             .with_instructions(
                 "Documentation and execution of SnowLuma's OneBot v11 actions. Find actions with search_actions / list_actions, read the full contract with get_action, then run read-only actions with query_action (read/write mode) or any action with invoke_action (write mode). Results carry structuredContent {result, diagnostics}; check diagnostics.outcome, status and retcode. Nothing is retried automatically.",
@@ -593,7 +640,7 @@ impl ServerHandler for SnowlumaServer {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut res = ListToolsResult::with_all_items(tools::listed(self.config.mode));
+        let mut res = ListToolsResult::with_all_items(tools::listed(self.config.mode, self.events.is_some()));
         if is_modern(&ctx) {
             res = res.with_ttl_ms(CACHE_TTL_MS).with_cache_scope(CacheScope::Private);
         }
@@ -607,11 +654,12 @@ impl ServerHandler for SnowlumaServer {
     ) -> Result<CallToolResponse, McpError> {
         let started = Instant::now();
         let trace = CallTrace::from_meta(&ctx.meta);
-        let Some(spec) = tools::find(&request.name) else {
+        let Some(spec) = tools::find(&request.name).filter(|t| self.events.is_some() || !t.handler.needs_events())
+        else {
             return Err(McpError::invalid_params(
                 format!("unknown tool {}", snowluma_catalog::echo(&request.name)),
                 Some(
-                    json!({"tools": tools::listed(self.config.mode).iter().map(|t| t.name.clone()).collect::<Vec<_>>()}),
+                    json!({"tools": tools::listed(self.config.mode, self.events.is_some()).iter().map(|t| t.name.clone()).collect::<Vec<_>>()}),
                 ),
             ));
         };
@@ -648,6 +696,10 @@ impl ServerHandler for SnowlumaServer {
                     }
                 }
                 Handler::RuntimeInfo => self.runtime_info(args, &ctx.ct, &trace).await,
+                Handler::SubscribeEvents | Handler::UnsubscribeEvents => match &self.events {
+                    Some(hub) => self.events_call(hub, spec.handler, args).await,
+                    None => ToolReply::fail(FailureKind::NotConfigured, "event resources are not configured"),
+                },
             }
         };
         // One diagnostic line per call: never arguments, contents, tokens or paths.
@@ -673,9 +725,23 @@ impl ServerHandler for SnowlumaServer {
         let res = Resource::new(CATALOG_URI, "onebot-actions")
             .with_description("The bundled SnowLuma OneBot v11 action catalog: every action with parameters, result schema and examples.")
             .with_mime_type("application/json");
-        let mut out = ListResourcesResult::with_all_items(vec![res]);
+        let mut all = vec![res];
+        if let Some(hub) = &self.events {
+            for (uri, self_id) in hub.list() {
+                all.push(
+                    Resource::new(uri.clone(), uri.trim_start_matches("snowluma://onebot/"))
+                        .with_description(format!(
+                            "Live OneBot events of account {self_id} received since subscribe_events (read with ?after=<cursor> for newer ones)."
+                        ))
+                        .with_mime_type("application/json"),
+                );
+            }
+        }
+        let mut out = ListResourcesResult::with_all_items(all);
         if is_modern(&ctx) {
-            out = out.with_ttl_ms(CACHE_TTL_MS).with_cache_scope(CacheScope::Private);
+            // Zero while events are enabled: live resources come and go.
+            let ttl = if self.events.is_some() { 0 } else { CACHE_TTL_MS };
+            out = out.with_ttl_ms(ttl).with_cache_scope(CacheScope::Private);
         }
         Ok(out)
     }
@@ -701,6 +767,24 @@ impl ServerHandler for SnowlumaServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let uri = request.uri;
+        if let Some(hub) = self.events.as_ref().filter(|_| EventHub::is_event_uri(&uri)) {
+            return match hub.read(&uri) {
+                Ok(text) => {
+                    let contents = ResourceContents::TextResourceContents {
+                        uri,
+                        mime_type: Some("application/json".into()),
+                        text,
+                        meta: None,
+                    };
+                    let mut out = ReadResourceResult::new(vec![contents]);
+                    if is_modern(&ctx) {
+                        out = out.with_ttl_ms(0).with_cache_scope(CacheScope::Private);
+                    }
+                    Ok(out.into())
+                }
+                Err(e) => Err(events_error(e, &uri)),
+            };
+        }
         let reply = self.workers.catalog.call(Request::CatalogResource { uri: uri.clone() }, &ctx.ct, None).await;
         match reply {
             Ok(Reply::Resource(r)) => {
@@ -723,5 +807,61 @@ impl ServerHandler for SnowlumaServer {
             Ok(_) => Err(McpError::internal_error("catalog worker answered unexpectedly", None)),
             Err(e) => Err(McpError::internal_error(e.to_string(), None)),
         }
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        // rmcp intersects this with the advertised capabilities (resource
+        // subscriptions only when events are configured).
+        self.events.as_ref().map(|_| requested.clone())
+    }
+
+    async fn listen(&self, ctx: rmcp::service::SubscriptionContext) -> Result<(), McpError> {
+        let Some(hub) = &self.events else {
+            ctx.cancelled().await;
+            return Ok(());
+        };
+        // The stream only delivers updates; ending it releases nothing.
+        let key = hub.listen(ctx.sink().clone());
+        ctx.cancelled().await;
+        hub.unlisten(key);
+        Ok(())
+    }
+
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let Some(hub) = &self.events else {
+            return Err(McpError::invalid_params("resource subscriptions are only offered for event resources", None));
+        };
+        hub.legacy_subscribe(&request.uri, ctx.peer.clone()).map_err(|e| events_error(e, &request.uri))
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let Some(hub) = &self.events else {
+            return Err(McpError::invalid_params("resource subscriptions are only offered for event resources", None));
+        };
+        hub.release(&request.uri).map_err(|e| events_error(e, &request.uri))
+    }
+}
+
+/// An event resource error as the JSON-RPC error of a resource request.
+fn events_error(e: EventsError, uri: &str) -> McpError {
+    let shown = snowluma_catalog::echo(uri);
+    match e {
+        EventsError::NotFound => {
+            McpError::resource_not_found(format!("resource not found: {shown}"), Some(json!({"uri": shown})))
+        }
+        other => McpError::invalid_params(other.to_string(), Some(json!({"uri": shown}))),
     }
 }

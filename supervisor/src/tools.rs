@@ -33,6 +33,11 @@ pub enum Handler {
     InvokeWithInput,
     /// `get_runtime_info`: the supervisor, from its configuration.
     RuntimeInfo,
+    /// `subscribe_events`: a live event resource (`events.rs`); listed only
+    /// when `SNOWLUMA_MCP_EVENTS_URL` is configured.
+    SubscribeEvents,
+    /// `unsubscribe_events`: release one; likewise.
+    UnsubscribeEvents,
 }
 
 /// The modes in which a tool is listed and callable.
@@ -171,8 +176,28 @@ pub const INVOKE_ACTION_WITH_INPUT: ToolSpec = ToolSpec {
     handler: Handler::InvokeWithInput,
 };
 
+pub const SUBSCRIBE_EVENTS: ToolSpec = ToolSpec {
+    name: "subscribe_events",
+    description: "Create a live event resource for the logged-in account self_id (see get_login_info): events received from now on that match types (message incl. message_sent, notice, request; default all), group_ids and user_ids (AND; a group filter excludes events without group_id) are buffered (256 events / 1 MiB, oldest evicted). Returns its snowluma://onebot/events/<id> URI: read it with resources/read (?after=<next_cursor> for newer entries), get updates with subscriptions/listen or resources/subscribe, release it with unsubscribe_events. Sends nothing to QQ and runs no action.",
+    modes: Modes::READ_WRITE,
+    input_schema: subscribe_events_input,
+    result_schema: subscribe_events_result,
+    hints: Hints { read_only: true, destructive: false, open_world: true },
+    handler: Handler::SubscribeEvents,
+};
+
+pub const UNSUBSCRIBE_EVENTS: ToolSpec = ToolSpec {
+    name: "unsubscribe_events",
+    description: "Release a live event resource created by subscribe_events (its buffer is discarded). Releasing the last one closes the event connection.",
+    modes: Modes::READ_WRITE,
+    input_schema: unsubscribe_events_input,
+    result_schema: any_object,
+    hints: Hints { read_only: true, destructive: false, open_world: false },
+    handler: Handler::UnsubscribeEvents,
+};
+
 /// Every tool, in the order tools/list gives them.
-pub const TOOLS: [ToolSpec; 9] = [
+pub const TOOLS: [ToolSpec; 11] = [
     LIST_ACTIONS,
     GET_ACTION,
     SEARCH_ACTIONS,
@@ -182,12 +207,19 @@ pub const TOOLS: [ToolSpec; 9] = [
     GET_RUNTIME_INFO,
     QUERY_ACTION_WITH_INPUT,
     INVOKE_ACTION_WITH_INPUT,
+    SUBSCRIBE_EVENTS,
+    UNSUBSCRIBE_EVENTS,
 ];
 
 impl Handler {
     /// The tool runs read-only actions only (`query_action` and its form variant).
     pub fn read_only_tool(self) -> bool {
         matches!(self, Handler::Query | Handler::QueryWithInput)
+    }
+
+    /// The tool exists only when event resources are configured.
+    pub fn needs_events(self) -> bool {
+        matches!(self, Handler::SubscribeEvents | Handler::UnsubscribeEvents)
     }
 }
 
@@ -276,6 +308,61 @@ fn exec_input() -> Value {
     })
 }
 
+fn id_filter(what: &str) -> Value {
+    json!({
+        "type": "array",
+        "items": {"type": "integer", "minimum": 1},
+        "minItems": 1,
+        "maxItems": crate::events::MAX_IDS,
+        "uniqueItems": true,
+        "description": format!("Keep only events whose {what} is one of these (at most 100 distinct positive ids).")
+    })
+}
+
+fn subscribe_events_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "self_id": {"type": "integer", "minimum": 1, "description": "The logged-in account (get_login_info's user_id); every event must belong to it."},
+            "types": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["message", "notice", "request"]},
+                "minItems": 1,
+                "uniqueItems": true,
+                "description": "Event categories to keep (message includes message_sent); omitted: all three."
+            },
+            "group_ids": id_filter("group_id"),
+            "user_ids": id_filter("user_id")
+        },
+        "required": ["self_id"],
+        "additionalProperties": false
+    })
+}
+
+fn subscribe_events_result() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "uri": {"type": "string", "description": "The canonical snowluma://onebot/events/<id> URI."},
+            "self_id": {"type": "integer"},
+            "filter": {"type": "object"},
+            "status": {"type": "object"}
+        },
+        "required": ["uri"]
+    })
+}
+
+fn unsubscribe_events_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "uri": {"type": "string", "description": "The URI subscribe_events returned."}
+        },
+        "required": ["uri"],
+        "additionalProperties": false
+    })
+}
+
 fn annotations(h: Hints) -> ToolAnnotations {
     ToolAnnotations::from_raw(
         None,
@@ -293,9 +380,15 @@ pub fn definition(spec: ToolSpec) -> Tool {
         .with_annotations(annotations(spec.hints))
 }
 
-/// The tools listed in `mode`, in their fixed order.
-pub fn listed(mode: Mode) -> Vec<Tool> {
-    TOOLS.iter().copied().filter(|t| t.modes.contains(mode)).map(definition).collect()
+/// The tools listed in `mode`, in their fixed order; the event tools only
+/// when `events` (event resources are configured).
+pub fn listed(mode: Mode, events: bool) -> Vec<Tool> {
+    TOOLS
+        .iter()
+        .copied()
+        .filter(|t| t.modes.contains(mode) && (events || !t.handler.needs_events()))
+        .map(definition)
+        .collect()
 }
 
 #[cfg(test)]
@@ -316,7 +409,7 @@ mod tests {
     #[ignore]
     fn write_golden_tool_lists() {
         for (mode, name) in [(Mode::Docs, "docs"), (Mode::Read, "read"), (Mode::Write, "write")] {
-            let text = serde_json::to_string_pretty(&listed(mode)).unwrap() + "\n";
+            let text = serde_json::to_string_pretty(&listed(mode, false)).unwrap() + "\n";
             let path = format!("{}/testdata/tools-list-{name}.json", env!("CARGO_MANIFEST_DIR"));
             std::fs::write(path, text).unwrap();
         }
@@ -327,8 +420,23 @@ mod tests {
     #[test]
     fn tool_lists_are_unchanged() {
         for (mode, expected) in MODES {
-            let got = serde_json::to_string_pretty(&listed(mode)).unwrap() + "\n";
+            let got = serde_json::to_string_pretty(&listed(mode, false)).unwrap() + "\n";
             assert_eq!(got, expected, "tools/list in {} mode", mode.as_str());
+        }
+    }
+
+    /// With event resources configured, read and write modes list exactly
+    /// the golden tools followed by the two event tools; docs mode is unchanged.
+    #[test]
+    fn event_tools_are_appended_only_when_configured() {
+        for (mode, expected) in MODES {
+            let golden: Value = serde_json::from_str(expected).unwrap();
+            let mut want = golden.as_array().unwrap().clone();
+            if mode != Mode::Docs {
+                want.push(serde_json::to_value(definition(SUBSCRIBE_EVENTS)).unwrap());
+                want.push(serde_json::to_value(definition(UNSUBSCRIBE_EVENTS)).unwrap());
+            }
+            assert_eq!(serde_json::to_value(listed(mode, true)).unwrap(), Value::Array(want), "{}", mode.as_str());
         }
     }
 
@@ -343,7 +451,7 @@ mod tests {
         assert_eq!(descriptions.len(), TOOLS.len(), "two tools share a description");
         let mut advertised = HashSet::new();
         for (mode, _) in MODES {
-            for tool in listed(mode) {
+            for tool in listed(mode, true) {
                 let entries: Vec<_> = TOOLS.iter().filter(|t| t.name == tool.name).collect();
                 assert_eq!(entries.len(), 1, "{}", tool.name);
                 assert!(entries[0].modes.contains(mode));
@@ -377,7 +485,9 @@ mod tests {
         for t in TOOLS {
             let expected = match t.handler {
                 Handler::Doc | Handler::RuntimeInfo => Modes::ALL,
-                Handler::Query | Handler::QueryWithInput => Modes::READ_WRITE,
+                Handler::Query | Handler::QueryWithInput | Handler::SubscribeEvents | Handler::UnsubscribeEvents => {
+                    Modes::READ_WRITE
+                }
                 Handler::Invoke | Handler::InvokeWithInput => Modes::WRITE,
             };
             assert_eq!(t.modes, expected, "{}", t.name);

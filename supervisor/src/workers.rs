@@ -17,8 +17,8 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use snowluma_proto::fdpass::FdReceiver;
 use snowluma_proto::sockio::{SockReader, SockWriter};
 use snowluma_proto::{
-    BUILD_ID, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_IPC_FD, WorkerConfig,
-    read_frame, write_frame,
+    BUILD_ID, EventMsg, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_IPC_FD,
+    WorkerConfig, read_frame, write_frame,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -46,6 +46,8 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 struct Pending {
     reply: oneshot::Sender<Result<Reply, CallError>>,
     progress: Option<mpsc::UnboundedSender<Progress>>,
+    /// Where an event connection's reports go ([`WorkerSlot::call_with_events`]).
+    events: Option<mpsc::UnboundedSender<EventMsg>>,
 }
 
 struct Conn {
@@ -166,12 +168,33 @@ impl WorkerSlot {
         cancel: &CancellationToken,
         progress: Option<mpsc::UnboundedSender<Progress>>,
     ) -> Result<Reply, CallError> {
+        self.call_inner(request, cancel, progress, None).await
+    }
+
+    /// [`Self::call`] for a request that reports [`FromWorker::Event`]s
+    /// before its reply (an event connection): they go to `events`.
+    pub async fn call_with_events(
+        &self,
+        request: Request,
+        cancel: &CancellationToken,
+        events: mpsc::UnboundedSender<EventMsg>,
+    ) -> Result<Reply, CallError> {
+        self.call_inner(request, cancel, None, Some(events)).await
+    }
+
+    async fn call_inner(
+        &self,
+        request: Request,
+        cancel: &CancellationToken,
+        progress: Option<mpsc::UnboundedSender<Progress>>,
+        events: Option<mpsc::UnboundedSender<EventMsg>>,
+    ) -> Result<Reply, CallError> {
         let conn = self.conn(cancel).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
             let mut p = conn.pending.lock().map_err(|_| CallError::Unavailable(self.role.as_str()))?;
-            p.insert(id, Pending { reply: tx, progress });
+            p.insert(id, Pending { reply: tx, progress, events });
         }
         tracing::debug!(worker = self.role.as_str(), id, "request dispatched");
         if conn.tx.send(ToWorker::Request { id, request }).is_err() {
@@ -401,6 +424,13 @@ async fn run_once(
                         && let Some(tx) = p.get(&id).and_then(|p| p.progress.as_ref())
                     {
                         let _ = tx.send(progress);
+                    }
+                }
+                Ok(FromWorker::Event { id, event }) => {
+                    if let Ok(p) = reader_conn.pending.lock()
+                        && let Some(tx) = p.get(&id).and_then(|p| p.events.as_ref())
+                    {
+                        let _ = tx.send(event);
                     }
                 }
                 Ok(other) => {

@@ -333,6 +333,39 @@ impl Mcp {
         }
     }
 
+    /// Wait for a notification with `method` for which `pred` holds,
+    /// keeping everything else in the backlog.
+    pub fn wait_notification(&mut self, method: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let is_it =
+            |m: &Value| m.get("method").and_then(Value::as_str) == Some(method) && m.get("id").is_none() && pred(m);
+        if let Some(pos) = self.backlog.iter().position(is_it) {
+            return self.backlog.remove(pos).unwrap();
+        }
+        let deadline = Instant::now() + SAFETY;
+        loop {
+            let m = self.recv_before(deadline);
+            if is_it(&m) {
+                return m;
+            }
+            self.backlog.push_back(m);
+        }
+    }
+
+    /// The notifications with `method` received so far that are still in
+    /// the backlog (reading whatever has arrived first).
+    pub fn notifications_in_backlog(&mut self, method: &str) -> Vec<Value> {
+        while let Ok(line) = self.lines.try_recv() {
+            if let Ok(v) = serde_json::from_str(&line) {
+                self.backlog.push_back(v);
+            }
+        }
+        self.backlog
+            .iter()
+            .filter(|m| m.get("method").and_then(Value::as_str) == Some(method) && m.get("id").is_none())
+            .cloned()
+            .collect()
+    }
+
     /// The requests with `method` the server has sent so far that are still
     /// in the backlog (not taken by [`Mcp::wait_server_request`]).
     pub fn server_requests_in_backlog(&self, method: &str) -> Vec<Value> {
@@ -454,6 +487,12 @@ impl Fake {
             }))
             .unwrap();
         Fake { fake, rt }
+    }
+
+    /// Start a fake event WebSocket (on this fake's runtime) whose bootstrap
+    /// frames carry `self_id`.
+    pub fn start_events(&self, token: Option<&str>, self_id: i64) -> snowluma_fake::FakeEvents {
+        self.rt.block_on(snowluma_fake::FakeEvents::start(token.map(str::to_owned), self_id)).unwrap()
     }
 }
 

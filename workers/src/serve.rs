@@ -39,6 +39,12 @@ impl Ctx {
     pub fn progress(&self, progress: Progress) {
         let _ = self.out.send(FromWorker::Progress { id: self.id, progress });
     }
+
+    /// Report something on this request's event connection; false once the
+    /// supervisor is gone.
+    pub fn event(&self, event: snowluma_proto::EventMsg) -> bool {
+        self.out.send(FromWorker::Event { id: self.id, event }).is_ok()
+    }
 }
 
 /// A role's request handler.

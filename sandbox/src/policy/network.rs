@@ -9,7 +9,11 @@ use crate::fds::NETWORK_FD_CHANNEL;
 /// The network executor: TCP stream sockets (Landlock limits the ports), the
 /// socket options hyper and rustls use, threads (tokio's blocking pool), and
 /// I/O on regular files it receives over SCM_RIGHTS from the file-transfer
-/// worker (it opens no file itself).
+/// worker (it opens no file itself). The event WebSocket
+/// (`workers/src/network/events.rs`) needs nothing more: a TCP stream
+/// socket, `connect`, `TCP_NODELAY`, reads and writes through the reactor,
+/// and `getrandom` (base list) for the handshake key and frame masks;
+/// `tests/tests/events.rs` runs it under this filter.
 pub const NETWORK: &[Allow] = &[
     // Only AF_INET/AF_INET6 stream sockets: every other kind is refused
     // with EACCES by NETWORK_REFUSED (so a resolver that tries UDP or a unix

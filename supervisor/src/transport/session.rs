@@ -66,7 +66,18 @@ impl State {
                 self.lifecycle_started = true;
             }
         }
-        if is_request {
+        // A `subscriptions/listen` stream stays open until the client
+        // cancels it or the session ends: it is neither a call in flight
+        // for the budget nor one the end of stdin waits for (rmcp ends it
+        // when the session ends).
+        let listen = peek.method.as_deref() == Some("subscriptions/listen");
+        if is_request && listen {
+            if let Some(id) = &peek.id
+                && peek.is_modern()
+            {
+                self.modern.insert(id.to_string());
+            }
+        } else if is_request {
             if let Some(id) = &peek.id {
                 let key = id.to_string();
                 self.accepted_bytes += len;

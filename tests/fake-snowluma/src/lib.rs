@@ -24,6 +24,7 @@
 
 mod actions;
 pub mod base64;
+pub mod events;
 mod http;
 mod server;
 pub mod sha256;
@@ -40,6 +41,8 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+
+pub use events::FakeEvents;
 
 /// The downloadable file of [`FakeSnowLuma::interop_preset`].
 pub const INTEROP_FILE: &str = "interop.bin";

@@ -26,13 +26,15 @@ pub(crate) struct Net {
     /// The ordinary-call hot path for plain-HTTP endpoints ([`crate::http1`]).
     direct: Option<crate::http1::Direct>,
     endpoint: reqwest::Url,
-    token: Option<String>,
+    pub(super) token: Option<String>,
+    /// The event WebSocket, when configured.
+    pub(super) events: Option<snowluma_proto::EventsTarget>,
     pub(crate) timeout: Duration,
     pub(super) streams: Arc<Semaphore>,
     calls: Semaphore,
 }
 
-fn tls_config() -> Result<rustls::ClientConfig, String> {
+pub(super) fn tls_config() -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
@@ -76,6 +78,7 @@ pub(super) fn build(cfg: NetworkConfig) -> Result<Net, String> {
         direct,
         endpoint,
         token: cfg.token,
+        events: cfg.events,
         timeout: Duration::from_millis(cfg.timeout_ms),
         streams: Arc::new(Semaphore::new(MAX_ACTIVE_STREAMS)),
         calls: Semaphore::new(MAX_ACTIVE_CALLS),

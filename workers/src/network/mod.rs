@@ -15,6 +15,7 @@
 mod client;
 mod envelope;
 mod errors;
+mod events;
 mod frames;
 mod streams;
 
@@ -78,6 +79,7 @@ impl RoleHandler for NetworkWorker {
         };
         match request {
             Request::Execute(req) => Reply::Tool(execute(net, self.fds.get(), req, &ctx).await),
+            Request::Events { self_id } => events::run(net, self_id, &ctx).await,
             _ => Reply::Error(WorkerError::Unsupported),
         }
     }
