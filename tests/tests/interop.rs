@@ -19,6 +19,17 @@
 //! `{"action":"send_group_msg","params":{"group_id":20001}}`, their handlers
 //! answering `{"message":"Hello"}`): the fake must see that write exactly
 //! once per session, with the merged params.
+//!
+//! Live event resources: in read mode the TypeScript SDK v1 and v2 clients
+//! and the Python SDK (both sessions) also get `SNOWLUMA_MCP_EVENTS_URL`,
+//! the fake's event WebSocket, which injects a group message every 200 ms
+//! once connected (`FakeEvents::interop_preset`). v2 and Python's modern
+//! session: `subscribe_events`, `subscriptions/listen` with the URI, an
+//! update, reads with cursors, closing the stream, `unsubscribe_events`;
+//! v1 and Python's legacy session: `resources/subscribe`, an update, reads,
+//! `resources/unsubscribe`. The fake must see one WebSocket opened and
+//! closed per session, nothing sent on it, and no HTTP action but the
+//! scenario's own `get_status`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -70,8 +81,24 @@ fn command(client: Client) -> Command {
     }
 }
 
+/// Where the client's server finds the fake's event WebSocket, and the account.
+struct EventsEnv {
+    url: String,
+    self_id: i64,
+}
+
 /// Run one client in one mode; panics with its transcript on failure.
 fn run(client: Client, mode: &str, endpoint: Option<&str>, stream_dir: Option<&Path>) -> String {
+    run_with(client, mode, endpoint, stream_dir, None)
+}
+
+fn run_with(
+    client: Client,
+    mode: &str,
+    endpoint: Option<&str>,
+    stream_dir: Option<&Path>,
+    events: Option<&EventsEnv>,
+) -> String {
     let mut cmd = command(client);
     cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .env("SNOWLUMA_MCP_BIN", bin_path())
@@ -84,6 +111,9 @@ fn run(client: Client, mode: &str, endpoint: Option<&str>, stream_dir: Option<&P
     }
     if let Some(d) = stream_dir {
         cmd.env("INTEROP_STREAM_DIR", d);
+    }
+    if let Some(ev) = events {
+        cmd.env("INTEROP_EVENTS_URL", &ev.url).env("INTEROP_SELF_ID", ev.self_id.to_string());
     }
     let out =
         cmd.bounded_output().unwrap_or_else(|e| panic!("{client:?}: cannot start the client ({e}); {SETUP_HINT}"));
@@ -126,11 +156,41 @@ fn docs(client: Client) {
     run(client, "docs", None, None);
 }
 
+/// Whether the client's read run exercises live event resources (the
+/// Inspector's CLI cannot receive notifications and runs without them).
+fn uses_events(client: Client) -> bool {
+    matches!(client, Client::TsV1 | Client::TsV2 | Client::Python)
+}
+
 fn read(client: Client) {
     let fake = Fake::start(None);
     fake.fake.interop_preset();
-    run(client, "read", Some(&fake.fake.url()), None);
+    let ev = uses_events(client).then(|| {
+        let ev = fake.start_events(None, snowluma_fake::events::INTEROP_SELF_ID);
+        ev.interop_preset();
+        ev
+    });
+    let env = ev.as_ref().map(|e| EventsEnv { url: e.url(), self_id: e.self_id() });
+    let out = run_with(client, "read", Some(&fake.fake.url()), None, env.as_ref());
     let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
+    if let Some(ev) = &ev {
+        let n = sessions(&out);
+        // One WebSocket per session, opened by subscribe_events and closed
+        // by the release (or at the latest by the session's end).
+        assert_eq!(ev.accepted(), n, "{client:?}: one event WebSocket per session");
+        snowluma_e2e::wait_until(&format!("{client:?}: every event WebSocket is closed"), || {
+            (ev.open() == 0 && ev.closed() == n).then_some(())
+        });
+        assert!(ev.auto_sent() > 0, "{client:?}: the fake injected events");
+        assert_eq!(ev.received(), Vec::<String>::new(), "{client:?}: the client sent data on the event socket");
+        // No event operation executed an action: the only HTTP actions are
+        // the scenario's own get_status calls, one per session.
+        assert_eq!(
+            actions,
+            vec!["get_status".to_owned(); n],
+            "{client:?}: only the scenario's actions reached SnowLuma"
+        );
+    }
     // The Inspector's CLI run lists tools (read mode's schemas, --strict) and
     // reads resources; it executes nothing.
     if !matches!(client, Client::Inspector) {

@@ -41,6 +41,11 @@ struct EvState {
     closed: usize,
     received: Vec<String>,
     authorization: Vec<Option<String>>,
+    /// [`FakeEvents::interop_preset`]: inject events by itself on every
+    /// connection, one per interval after the bootstrap frames, at most this many.
+    auto: Option<(std::time::Duration, usize)>,
+    /// Events the automatic injection sent, over all connections.
+    auto_sent: usize,
 }
 
 struct EvShared {
@@ -135,6 +140,37 @@ impl FakeEvents {
     pub fn self_id(&self) -> i64 {
         self.shared.self_id
     }
+
+    /// The set-up the interoperability clients (`tests/interop/`) expect of
+    /// the event WebSocket: every authenticated connection, once its
+    /// bootstrap frames are sent (SnowLuma's lifecycle `enable`), gets a
+    /// group message of `self_id` ([`interop_event`]) every
+    /// [`INTEROP_EVENT_INTERVAL`], at most [`INTEROP_EVENT_COUNT`], with no
+    /// test driving it: the clients run as separate processes.
+    pub fn interop_preset(&self) {
+        self.shared.lock().auto = Some((INTEROP_EVENT_INTERVAL, INTEROP_EVENT_COUNT));
+    }
+
+    /// Events the automatic injection of [`FakeEvents::interop_preset`] sent.
+    pub fn auto_sent(&self) -> usize {
+        self.shared.lock().auto_sent
+    }
+}
+
+/// The account of the fake's `get_login_info`, which the interop events carry.
+pub const INTEROP_SELF_ID: i64 = 10001;
+/// The interval of [`FakeEvents::interop_preset`]'s events.
+pub const INTEROP_EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+/// At most this many per connection (below a resource's 256-event limit).
+pub const INTEROP_EVENT_COUNT: usize = 200;
+/// The group and user of [`FakeEvents::interop_preset`]'s events.
+pub const INTEROP_GROUP_ID: i64 = 20001;
+pub const INTEROP_USER_ID: i64 = 30001;
+
+/// The `n`th event of [`FakeEvents::interop_preset`]: a group message whose
+/// text is `interop event <n>`.
+pub fn interop_event(self_id: i64, n: usize) -> Value {
+    group_message(self_id, INTEROP_GROUP_ID, INTEROP_USER_ID, &format!("interop event {n}"))
 }
 
 /// A group message event of `self_id`.
@@ -222,8 +258,20 @@ async fn serve(shared: Arc<EvShared>, stream: tokio::net::TcpStream) {
             break;
         }
     }
+    let auto = shared.lock().auto;
+    let (interval, limit) = auto.unwrap_or((std::time::Duration::from_secs(3600), 0));
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    let mut auto_sent = 0usize;
     loop {
         tokio::select! {
+            _ = ticker.tick(), if auto_sent < limit => {
+                auto_sent += 1;
+                let text = interop_event(sid, auto_sent).to_string();
+                if ws.send(Message::Text(text.into())).await.is_err() {
+                    break;
+                }
+                shared.lock().auto_sent += 1;
+            }
             cmd = rx.recv() => {
                 let r = match cmd {
                     Some(Cmd::Text(t)) => ws.send(Message::Text(t.into())).await,
@@ -320,6 +368,25 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         assert_eq!((ev.open(), ev.closed()), (0, 1));
+    }
+
+    /// The interop preset: after the bootstrap frames, numbered group
+    /// messages of the account arrive by themselves, one per interval.
+    #[tokio::test]
+    async fn interop_preset_injects_events_after_bootstrap() {
+        let ev = FakeEvents::start(None, INTEROP_SELF_ID).await.unwrap();
+        ev.interop_preset();
+        let mut ws = connect(&ev, None).await;
+        for _ in 0..3 {
+            assert_eq!(next_json(&mut ws).await["post_type"], "meta_event");
+        }
+        for n in 1..=2 {
+            let m = next_json(&mut ws).await;
+            assert_eq!(m, interop_event(INTEROP_SELF_ID, n));
+            assert_eq!(m["raw_message"], format!("interop event {n}"));
+        }
+        assert!(ev.auto_sent() >= 2);
+        assert_eq!(ev.received(), Vec::<String>::new());
     }
 
     /// A wrong or missing token: accepted at the HTTP level, then closed

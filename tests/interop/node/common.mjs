@@ -28,11 +28,19 @@ export const ACTION_TEMPLATE = 'snowluma://onebot/actions/{name}';
 export const INTEROP_FILE = 'interop.bin';
 export const INTEROP_FILE_BYTES = 262_144;
 
-/** The tools the server must list in `mode`. */
-export function expectedTools(mode) {
+export const EVENT_TOOLS = ['subscribe_events', 'unsubscribe_events'];
+export const EVENTS_URI_PREFIX = 'snowluma://onebot/events/';
+/** The fields of an event resource's read (README, "Live event resources"). */
+export const EVENT_READ_FIELDS = ['dropped_events', 'events', 'gap', 'next_cursor', 'notification_failed', 'oldest_cursor', 'status'];
+/** How long to wait for the fake's injected events (one every 200 ms) and their notifications. */
+export const EVENT_WAIT_MS = 10_000;
+
+/** The tools the server must list in `mode` (`events`: SNOWLUMA_MCP_EVENTS_URL is set). */
+export function expectedTools(mode, events = false) {
     if (mode === 'docs') return [...DOCS_TOOLS];
-    if (mode === 'read') return [...DOCS_TOOLS, 'query_action', 'query_action_with_input'];
-    return [...DOCS_TOOLS, 'query_action', 'invoke_action', 'query_action_with_input', 'invoke_action_with_input'];
+    const ev = events ? EVENT_TOOLS : [];
+    if (mode === 'read') return [...DOCS_TOOLS, 'query_action', 'query_action_with_input', ...ev];
+    return [...DOCS_TOOLS, 'query_action', 'invoke_action', 'query_action_with_input', 'invoke_action_with_input', ...ev];
 }
 
 /**
@@ -102,7 +110,13 @@ export function readConfig() {
             throw new Error(`INTEROP_STREAM_DIR must be an existing absolute directory, got ${streamDir}`);
         }
     }
-    return { bin, mode, endpoint, streamDir };
+    // Live event resources (optional): the fake's event WebSocket and the
+    // account its events carry (the fake's get_login_info user_id).
+    const eventsUrl = process.env.INTEROP_EVENTS_URL || undefined;
+    const selfId = eventsUrl ? Number(process.env.INTEROP_SELF_ID) : undefined;
+    if (eventsUrl && mode === 'docs') throw new Error('INTEROP_EVENTS_URL needs read or write mode');
+    if (eventsUrl && !Number.isSafeInteger(selfId)) throw new Error(`INTEROP_SELF_ID must be an integer, got ${process.env.INTEROP_SELF_ID}`);
+    return { bin, mode, endpoint, streamDir, eventsUrl, selfId };
 }
 
 /**
@@ -115,6 +129,7 @@ export function serverEnv(cfg) {
     const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', SNOWLUMA_MCP_MODE: cfg.mode };
     if (cfg.mode !== 'docs') env.SNOWLUMA_MCP_ENDPOINT = cfg.endpoint;
     if (cfg.mode === 'write') env.SNOWLUMA_MCP_STREAM_DIR = cfg.streamDir;
+    if (cfg.eventsUrl) env.SNOWLUMA_MCP_EVENTS_URL = cfg.eventsUrl;
     return env;
 }
 
@@ -325,7 +340,7 @@ export async function runScenario(checks, cfg, client, { expectProtocol, inputCo
     await checks.check('tools/list', async () => {
         const { tools } = await T(client.listTools(), 'tools/list');
         const names = tools.map((t) => t.name);
-        const want = expectedTools(cfg.mode);
+        const want = expectedTools(cfg.mode, Boolean(cfg.eventsUrl));
         const missing = want.filter((n) => !names.includes(n));
         const extra = names.filter((n) => !want.includes(n));
         const compiled = compileToolSchemas(ajv, tools);
@@ -523,6 +538,8 @@ export async function runScenario(checks, cfg, client, { expectProtocol, inputCo
         await call('tools/call list_categories {} after the cancellation', 'list_categories', {}, success);
     }
 
+    if (cfg.eventsUrl && client.events) await runEvents(checks, cfg, client, call, success, T);
+
     // Anything the SDK reported through onerror instead of a request's
     // promise: e.g. a progress notification after its request's response
     // ("unknown token"), a message that does not parse, an unknown id.
@@ -536,6 +553,152 @@ export async function runScenario(checks, cfg, client, { expectProtocol, inputCo
         expect(exitCode === 0 && signal === null,
             `the server did not exit 0 on stdin EOF: exit code ${exitCode}, signal ${signal} (after ${ms} ms; the SDK sends SIGTERM after 2 s)`);
         return `server exited 0 after ${ms} ms`;
+    });
+}
+
+/** Poll `probe` (returns a value when done, undefined otherwise) every 50 ms for up to `ms`. */
+async function pollFor(probe, ms, what) {
+    const deadline = Date.now() + ms;
+    for (;;) {
+        const v = await probe();
+        if (v !== undefined) return v;
+        if (Date.now() >= deadline) throw new CheckFailure(`${what}: not within ${ms} ms`);
+        await new Promise((r) => setTimeout(r, 50));
+    }
+}
+
+/** Problems with one event resource read (the parsed text of resources/read). */
+function eventReadProblems(doc, selfId, uri) {
+    const problems = [];
+    // The documented fields, plus `uri` (the canonical URI), which the server
+    // also sends although the README does not list it.
+    const keys = Object.keys(doc ?? {}).filter((k) => k !== 'uri').sort();
+    if (JSON.stringify(keys) !== JSON.stringify(EVENT_READ_FIELDS)) problems.push(`fields ${keys.join(',')}, expected ${EVENT_READ_FIELDS.join(',')}`);
+    if ('uri' in (doc ?? {}) && doc.uri !== uri) problems.push(`uri ${JSON.stringify(doc.uri)}, expected ${uri}`);
+    if (doc?.status?.state !== 'connected') problems.push(`status ${JSON.stringify(doc?.status)}`);
+    if (!Array.isArray(doc?.events)) return [...problems, 'events is not an array'];
+    if (typeof doc.next_cursor !== 'string') problems.push(`next_cursor ${JSON.stringify(doc.next_cursor)}`);
+    if (doc.dropped_events !== 0) problems.push(`dropped_events ${doc.dropped_events}`);
+    if (doc.gap !== false) problems.push(`gap ${doc.gap}`);
+    if (doc.notification_failed !== false) problems.push(`notification_failed ${doc.notification_failed}`);
+    for (const e of doc.events) {
+        if (typeof e?.cursor !== 'string' || typeof e?.event !== 'object') { problems.push(`entry ${JSON.stringify(e).slice(0, 120)}`); break; }
+        if (e.event.self_id !== selfId || !String(e.event.raw_message).startsWith('interop event ')) {
+            problems.push(`event ${JSON.stringify(e.event).slice(0, 160)}`);
+            break;
+        }
+    }
+    return problems;
+}
+
+const eventNumber = (e) => Number(String(e.event.raw_message).slice('interop event '.length));
+
+/**
+ * Live event resources, as a client of each generation uses them. The fake
+ * injects a group message of cfg.selfId every 200 ms once its WebSocket
+ * is connected (tests/fake-snowluma `FakeEvents::interop_preset`).
+ * `client.events` adapts the SDK:
+ *   updates() -> params of every notifications/resources/updated received,
+ *   and either (modern) listen(uri) -> {honored, close(), closed}
+ *   or (legacy) subscribe(uri), unsubscribe(uri).
+ * Modern: subscribe_events, subscriptions/listen with resourceSubscriptions
+ * [uri], an update, reads (whole, then ?after=next_cursor), close the
+ * stream, unsubscribe_events. Legacy: subscribe_events, resources/subscribe,
+ * an update, reads, resources/unsubscribe (which releases the resource).
+ */
+async function runEvents(checks, cfg, client, call, success, T) {
+    const ev = client.events;
+    let uri;
+    const subscribed = await call(`tools/call subscribe_events {self_id:${cfg.selfId}}`, 'subscribe_events', { self_id: cfg.selfId }, (res, sc) => {
+        success(res, sc);
+        uri = sc.result?.uri;
+        expect(typeof uri === 'string' && uri.startsWith(EVENTS_URI_PREFIX), `result.uri is ${JSON.stringify(uri)}`);
+        expect(sc.result.status?.state === 'connected', `result.status is ${JSON.stringify(sc.result.status)}`);
+        return uri;
+    });
+    if (!subscribed || !uri) return;
+
+    const readDoc = async (u) => {
+        const { contents } = await T(client.readResource(u), `resources/read ${u}`);
+        expect(Array.isArray(contents) && contents.length === 1 && typeof contents[0].text === 'string', `contents ${JSON.stringify(contents).slice(0, 200)}`);
+        return JSON.parse(contents[0].text);
+    };
+
+    let sub;
+    if (ev.listen) {
+        const ok = await checks.check('subscriptions/listen {resourceSubscriptions:[uri]} is acknowledged', async () => {
+            sub = await T(ev.listen(uri), 'subscriptions/listen');
+            const honored = sub.honored?.resourceSubscriptions ?? [];
+            expect(honored.includes(uri), `honored filter ${JSON.stringify(sub.honored)}`);
+            return `honored ${JSON.stringify(sub.honored)}`;
+        });
+        if (!ok) return;
+    } else {
+        const ok = await checks.check('resources/subscribe uri', async () => {
+            await T(ev.subscribe(uri), 'resources/subscribe');
+        });
+        if (!ok) return;
+    }
+
+    await checks.check('notifications/resources/updated for the uri after the fake injects events', async () => {
+        const n = await pollFor(() => ev.updates().find((p) => p?.uri === uri), EVENT_WAIT_MS, 'no notifications/resources/updated for the uri');
+        const sid = n?._meta?.['io.modelcontextprotocol/subscriptionId'];
+        return `${ev.updates().length} received${sid !== undefined ? `, subscriptionId ${JSON.stringify(sid)}` : ''}`;
+    });
+
+    let first;
+    await checks.check('resources/read uri', async () => {
+        first = await pollFor(async () => {
+            const d = await readDoc(uri);
+            return d.events?.length > 0 ? d : undefined;
+        }, EVENT_WAIT_MS, 'no event buffered');
+        const problems = eventReadProblems(first, cfg.selfId, uri);
+        expect(problems.length === 0, problems.join('; '));
+        expect(first.oldest_cursor === first.events[0].cursor, `oldest_cursor ${first.oldest_cursor}, first entry ${first.events[0].cursor}`);
+        expect(first.next_cursor === first.events[first.events.length - 1].cursor, `next_cursor ${first.next_cursor}, last entry ${first.events[first.events.length - 1].cursor}`);
+        return `${first.events.length} events, next_cursor ${first.next_cursor}`;
+    });
+    if (first) {
+        await checks.check('resources/read uri?after=next_cursor has only newer events', async () => {
+            const after = await pollFor(async () => {
+                const d = await readDoc(`${uri}?after=${encodeURIComponent(first.next_cursor)}`);
+                return d.events?.length > 0 ? d : undefined;
+            }, EVENT_WAIT_MS, 'no newer event');
+            const problems = eventReadProblems(after, cfg.selfId, uri);
+            expect(problems.length === 0, problems.join('; '));
+            const last = eventNumber(first.events[first.events.length - 1]);
+            const old = new Set(first.events.map((e) => e.cursor));
+            expect(after.events.every((e) => !old.has(e.cursor) && eventNumber(e) > last),
+                `events at or before the cursor: ${after.events.map(eventNumber).join(',')} (last read ${last})`);
+            return `${after.events.length} newer events, next_cursor ${after.next_cursor}`;
+        });
+    }
+
+    if (ev.listen) {
+        await checks.check('close the listen stream', async () => {
+            await T(sub.close(), 'subscription close');
+            const how = await T(sub.closed, 'subscription closed');
+            expect(how === 'local', `closed ${how}`);
+            // Closing the stream does not release the buffer.
+            const d = await readDoc(uri);
+            expect(d.status?.state === 'connected', `after close: status ${JSON.stringify(d.status)}`);
+            return `closed ${how}; the resource is still readable`;
+        });
+        await call('tools/call unsubscribe_events {uri}', 'unsubscribe_events', { uri }, success);
+    } else {
+        await checks.check('resources/unsubscribe uri releases the resource', async () => {
+            await T(ev.unsubscribe(uri), 'resources/unsubscribe');
+        });
+    }
+    await checks.check('the released resource cannot be read', async () => {
+        let doc;
+        try {
+            doc = await readDoc(uri);
+        } catch (err) {
+            if (err instanceof CheckFailure) throw err;
+            return `error: ${errorText(err)}`;
+        }
+        throw new CheckFailure(`still readable: ${JSON.stringify(doc).slice(0, 200)}`);
     });
 }
 

@@ -15,7 +15,7 @@
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolResultSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
 import { Checks, REQUEST_TIMEOUT_MS, childExit, errorText, installGuards, readConfig, runScenario, serverEnv, withTimeout } from './common.mjs';
 
 const checks = new Checks('ts-sdk-v1', process.env.INTEROP_MODE ?? '?');
@@ -46,6 +46,16 @@ let negotiated;
 transport.setProtocolVersion = (version) => { negotiated = version; };
 const opts = (extra = {}) => ({ timeout: REQUEST_TIMEOUT_MS, ...extra });
 let exited;
+// Live event resources (when the harness sets INTEROP_EVENTS_URL), the
+// 2025 way: resources/subscribe, notifications/resources/updated,
+// resources/unsubscribe (common.mjs runEvents).
+const updates = [];
+client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => { updates.push(n.params); });
+const events = {
+    updates: () => updates,
+    subscribe: (uri) => client.subscribeResource({ uri }, opts()),
+    unsubscribe: (uri) => client.unsubscribeResource({ uri }, opts()),
+};
 
 await runScenario(checks, cfg, {
     connect: async () => {
@@ -62,6 +72,7 @@ await runScenario(checks, cfg, {
     listResourceTemplates: () => client.listResourceTemplates({}, opts()),
     readResource: (uri) => client.readResource({ uri }, opts()),
     errors: () => clientErrors,
+    events,
     close: async () => {
         const started = Date.now();
         await client.close();

@@ -20,6 +20,11 @@
 // with `inputResponses` and the byte-exact `requestState`; callTool() only
 // returns the final result.
 //
+// Live event resources (read mode, with INTEROP_EVENTS_URL): subscribe_events,
+// client.listen({resourceSubscriptions: [uri]}) (subscriptions/listen),
+// notifications/resources/updated, reads with cursors, closing the stream,
+// unsubscribe_events (common.mjs runEvents).
+//
 // Run from the repository root after tests/interop/setup.sh:
 //   SNOWLUMA_MCP_BIN=$PWD/target/debug/snowluma-mcp INTEROP_MODE=docs node tests/interop/node/v2.mjs
 //   (read/write modes also need INTEROP_ENDPOINT=<fake URL>; write also
@@ -69,6 +74,19 @@ client.onerror = (err) => {
 transport = new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
 const opts = (extra = {}) => ({ timeout: REQUEST_TIMEOUT_MS, ...extra });
 let exited;
+// Live event resources (when the harness sets INTEROP_EVENTS_URL): the
+// params of every notifications/resources/updated, delivered on a
+// subscriptions/listen stream opened with client.listen() (the SDK
+// dispatches the stream's notifications to these handlers).
+const updates = [];
+client.setNotificationHandler('notifications/resources/updated', (n) => { updates.push(n.params); });
+const events = {
+    updates: () => updates,
+    listen: async (uri) => {
+        const sub = await client.listen({ resourceSubscriptions: [uri] }, opts());
+        return { honored: sub.honoredFilter, close: () => sub.close(), closed: sub.closed };
+    },
+};
 
 await runScenario(checks, cfg, {
     connect: async () => {
@@ -86,6 +104,7 @@ await runScenario(checks, cfg, {
     readResource: (uri) => client.readResource({ uri }, opts()),
     errors: () => clientErrors,
     elicitations: () => elicitations,
+    events,
     close: async () => {
         const started = Date.now();
         await client.close();

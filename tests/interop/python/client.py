@@ -11,6 +11,18 @@ Environment (set by tests/tests/interop.rs):
     INTEROP_MODE        docs | read | write
     INTEROP_ENDPOINT    URL of the fake SnowLuma (read and write)
     INTEROP_STREAM_DIR  absolute, existing, empty directory (write)
+    INTEROP_EVENTS_URL  optional (read/write): the fake's event WebSocket,
+                        passed to the server as SNOWLUMA_MCP_EVENTS_URL
+    INTEROP_SELF_ID     the account its events carry (with INTEROP_EVENTS_URL)
+
+Live event resources (with INTEROP_EVENTS_URL; the fake injects a group
+message every 200 ms once connected): the legacy session calls
+`subscribe_events`, `resources/subscribe`s the canonical URI, waits for
+`notifications/resources/updated` (through the Client's message_handler),
+reads with cursors and `resources/unsubscribe`s, which releases the resource;
+the modern session opens `Client.listen(resource_subscriptions=[uri])`
+(`subscriptions/listen`), waits for a `ResourceUpdated` event on it, reads
+with cursors, closes the stream and calls `unsubscribe_events`.
 
 The SDK spawns the server itself (`mcp.client.stdio.stdio_client`, the code
 path `Client(StdioServerParameters(...))` takes), once per connection style:
@@ -47,6 +59,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -57,7 +70,9 @@ from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.client import ClientRequestContext
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.types import ElicitRequestFormParams, ElicitRequestParams, ElicitResult
+from mcp.client.subscriptions import ResourceUpdated
+from mcp.shared.exceptions import MCPError
+from mcp.types import ElicitRequestFormParams, ElicitRequestParams, ElicitResult, ResourceUpdatedNotification
 
 SERVER_NAME = "snowluma-mcp"
 DOC_TOOLS = {"list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info"}
@@ -65,6 +80,10 @@ CATALOG_URI = "snowluma://onebot/actions"
 ACTION_TEMPLATE = "snowluma://onebot/actions/{name}"
 ACTION_COUNT = 179
 OUTCOMES = {"success", "failed", "unknown"}
+EVENT_TOOLS = {"subscribe_events", "unsubscribe_events"}
+EVENTS_URI_PREFIX = "snowluma://onebot/events/"
+EVENT_READ_FIELDS = {"status", "events", "next_cursor", "oldest_cursor", "dropped_events", "gap", "notification_failed"}
+EVENT_WAIT_S = 10.0  # for the fake's injected events (one per 200 ms) and their notifications
 
 INTEROP_FILE = "interop.bin"
 INTEROP_FILE_BYTES = 256 * 1024
@@ -279,6 +298,16 @@ class Run:
         self.tools: dict[str, Any] = {}
         self.validators: dict[str, Draft202012Validator] = {}
         self.elicitations: list[ElicitRequestParams] = []
+        self.events_url = env.get("SNOWLUMA_MCP_EVENTS_URL")
+        self.self_id = int(env["__self_id"]) if "__self_id" in env else None
+        self.updates: list[str] = []  # uris of notifications/resources/updated (message_handler)
+        self.event_uri: str | None = None
+        self.first_read: dict[str, Any] | None = None
+
+    async def on_message(self, message: Any) -> None:
+        """The Client's message_handler: records resource update notifications."""
+        if isinstance(message, ResourceUpdatedNotification):
+            self.updates.append(str(message.params.uri))
 
     async def on_elicit(self, context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
         """The elicitation callback: record the request, answer the form with INPUT_ANSWER."""
@@ -625,10 +654,149 @@ class Run:
         expect(isinstance(r, list) and r, f"result {short(r)}")
         return "list_categories answered"
 
+    # ---- checks: live event resources ----------------------------------------
+
+    def _event_doc(self, read: Any) -> dict[str, Any]:
+        expect(len(read.contents) == 1, f"{len(read.contents)} contents")
+        text = getattr(read.contents[0], "text", None)
+        expect(isinstance(text, str), "the event resource is not text")
+        doc = json.loads(text)
+        expect(isinstance(doc, dict), f"not an object: {short(doc)}")
+        return doc
+
+    def _event_problems(self, doc: dict[str, Any]) -> list[str]:
+        problems = []
+        # The documented fields, plus `uri` (the canonical URI), which the
+        # server also sends although the README does not list it.
+        if set(doc) - {"uri"} != EVENT_READ_FIELDS:
+            problems.append(f"fields {sorted(doc)}, expected {sorted(EVENT_READ_FIELDS)}")
+        if "uri" in doc and doc["uri"] != self.event_uri:
+            problems.append(f"uri {doc['uri']!r}, expected {self.event_uri!r}")
+        if (doc.get("status") or {}).get("state") != "connected":
+            problems.append(f"status {short(doc.get('status'))}")
+        if not isinstance(doc.get("next_cursor"), str):
+            problems.append(f"next_cursor {doc.get('next_cursor')!r}")
+        for key, want in (("dropped_events", 0), ("gap", False), ("notification_failed", False)):
+            if doc.get(key) != want or type(doc.get(key)) is not type(want):
+                problems.append(f"{key} {doc.get(key)!r}")
+        for e in doc.get("events") or []:
+            ev = e.get("event") if isinstance(e, dict) else None
+            if not isinstance(e.get("cursor"), str) or not isinstance(ev, dict):
+                problems.append(f"entry {short(e, 120)}")
+                break
+            if ev.get("self_id") != self.self_id or not str(ev.get("raw_message", "")).startswith("interop event "):
+                problems.append(f"event {short(ev, 160)}")
+                break
+        return problems
+
+    async def _read_events(self, uri: str) -> dict[str, Any]:
+        """Read until the resource holds at least one event (bounded)."""
+        assert self.client is not None
+        with anyio.fail_after(EVENT_WAIT_S):
+            while True:
+                doc = self._event_doc(await self.client.read_resource(uri))
+                if doc.get("events"):
+                    return doc
+                await anyio.sleep(0.05)
+
+    async def c_subscribe_events(self) -> str:
+        r = await self.call_ok("subscribe_events", {"self_id": self.self_id})
+        uri = r.get("uri") if isinstance(r, dict) else None
+        expect(isinstance(uri, str) and uri.startswith(EVENTS_URI_PREFIX), f"result {short(r)}")
+        expect((r.get("status") or {}).get("state") == "connected", f"status {short(r.get('status'))}")
+        self.event_uri = uri
+        return uri
+
+    async def c_resources_subscribe(self) -> str:
+        assert self.client is not None and self.event_uri is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated as of 2026-07-28, the era this session is not in
+            await self.client.subscribe_resource(self.event_uri)
+        return "resources/subscribe accepted"
+
+    async def c_legacy_updated(self) -> str:
+        with anyio.fail_after(EVENT_WAIT_S):
+            while self.event_uri not in self.updates:
+                await anyio.sleep(0.05)
+        return f"{len(self.updates)} notifications/resources/updated for the uri"
+
+    async def c_event_reads(self) -> str:
+        assert self.event_uri is not None
+        first = await self._read_events(self.event_uri)
+        problems = self._event_problems(first)
+        expect(not problems, "; ".join(problems))
+        evs = first["events"]
+        expect(first["oldest_cursor"] == evs[0]["cursor"], f"oldest_cursor {first['oldest_cursor']!r}, first entry {evs[0]['cursor']!r}")
+        expect(first["next_cursor"] == evs[-1]["cursor"], f"next_cursor {first['next_cursor']!r}, last entry {evs[-1]['cursor']!r}")
+        after = await self._read_events(f"{self.event_uri}?after={first['next_cursor']}")
+        problems = self._event_problems(after)
+        expect(not problems, f"?after=: {'; '.join(problems)}")
+        number = lambda e: int(str(e["event"]["raw_message"]).removeprefix("interop event "))
+        old = {e["cursor"] for e in evs}
+        newer = after["events"]
+        expect(
+            all(e["cursor"] not in old and number(e) > number(evs[-1]) for e in newer),
+            f"?after= returned events at or before the cursor: {[number(e) for e in newer]} (last read {number(evs[-1])})",
+        )
+        return f"{len(evs)} events, then {len(newer)} newer after {first['next_cursor']}"
+
+    async def c_resources_unsubscribe(self) -> str:
+        assert self.client is not None and self.event_uri is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            await self.client.unsubscribe_resource(self.event_uri)
+        return await self._released()
+
+    async def _released(self) -> str:
+        assert self.client is not None and self.event_uri is not None
+        try:
+            read = await self.client.read_resource(self.event_uri)
+        except MCPError as e:
+            return f"released: resources/read answers {e}"
+        raise CheckFailed(f"still readable after the release: {short(self._event_doc(read))}")
+
+    async def c_listen(self) -> str:
+        """subscriptions/listen with the uri: an update, reads, then close the stream."""
+        assert self.client is not None and self.event_uri is not None
+        uri = self.event_uri
+        async with self.client.listen(resource_subscriptions=[uri]) as sub:
+            honored = list(sub.honored.resource_subscriptions or [])
+            expect(uri in honored, f"honored {short(sub.honored.model_dump(exclude_none=True))}")
+            with anyio.fail_after(EVENT_WAIT_S):
+                async for event in sub:
+                    if isinstance(event, ResourceUpdated) and event.uri == uri:
+                        break
+            detail = f"subscription {sub.subscription_id!r} acknowledged {honored}, ResourceUpdated for the uri"
+            await self.check("resources/read event resource with cursors (listening)", self.c_event_reads)
+        # Closing the stream does not release the buffer.
+        doc = self._event_doc(await self.client.read_resource(uri))
+        expect((doc.get("status") or {}).get("state") == "connected", f"after close: status {short(doc.get('status'))}")
+        return detail + "; closed, the resource is still readable"
+
+    async def c_unsubscribe_events(self) -> str:
+        assert self.event_uri is not None
+        await self.call_ok("unsubscribe_events", {"uri": self.event_uri})
+        return await self._released()
+
+    async def run_events(self) -> None:
+        if not await self.check(f"subscribe_events {{self_id:{self.self_id}}}", self.c_subscribe_events):
+            return
+        if self.era == "legacy":
+            if not await self.check("resources/subscribe event resource", self.c_resources_subscribe):
+                return
+            await self.check("notifications/resources/updated", self.c_legacy_updated)
+            await self.check("resources/read event resource with cursors", self.c_event_reads)
+            await self.check("resources/unsubscribe releases the event resource", self.c_resources_unsubscribe)
+        else:
+            await self.check("subscriptions/listen resourceSubscriptions [uri]", self.c_listen)
+            await self.check("unsubscribe_events releases the event resource", self.c_unsubscribe_events)
+
     # ---- the sequence --------------------------------------------------------
 
     async def run(self) -> None:
-        params = StdioServerParameters(command=self.env["__bin"], env={k: v for k, v in self.env.items() if k != "__bin"})
+        params = StdioServerParameters(
+            command=self.env["__bin"], env={k: v for k, v in self.env.items() if not k.startswith("__")}
+        )
         self.tap = StderrTap()
         client = Client(
             tapped_stdio(params, self.tap.writer, self.sent, self.received),
@@ -636,6 +804,7 @@ class Run:
             read_timeout_seconds=REQUEST_TIMEOUT_S,
             elicitation_callback=self.on_elicit,
             input_required_max_rounds=3,
+            message_handler=self.on_message,
         )
         entered = False
         closing_started = None
@@ -658,6 +827,8 @@ class Run:
                 expected.update(("query_action", "query_action_with_input"))
             if self.mode == "write":
                 expected.update(("invoke_action", "invoke_action_with_input"))
+            if self.events_url:
+                expected.update(EVENT_TOOLS)
             if not await self.check(f"tools/list ({self.mode})", self.c_list_tools, expected):
                 return
 
@@ -676,6 +847,8 @@ class Run:
                 await self.check("query_action get_status", self.c_query_status)
                 await self.check("query_action get_cookies -> policy_denied", self.c_query_denied)
                 await self.check("query_action send_group_msg -> refused", self.c_query_write_refused)
+                if self.events_url:
+                    await self.run_events()
             if self.mode == "write":
                 await self.check("invoke_action send_group_msg -> business failure", self.c_invoke_business_failure)
                 await self.check("invoke_action_with_input send_group_msg {group_id} -> elicitation", self.c_invoke_with_input)
@@ -726,6 +899,13 @@ def build_env(mode: str) -> tuple[dict[str, str], str | None]:
         if not endpoint:
             raise CheckFailed("INTEROP_ENDPOINT is not set")
         env["SNOWLUMA_MCP_ENDPOINT"] = endpoint
+        events_url = os.environ.get("INTEROP_EVENTS_URL")
+        if events_url:
+            self_id = os.environ.get("INTEROP_SELF_ID", "")
+            if not self_id.isdigit():
+                raise CheckFailed(f"INTEROP_SELF_ID must be an integer with INTEROP_EVENTS_URL (got {self_id!r})")
+            env["SNOWLUMA_MCP_EVENTS_URL"] = events_url
+            env["__self_id"] = self_id
     if mode == "write":
         stream_dir = os.environ.get("INTEROP_STREAM_DIR")
         if not stream_dir or not os.path.isdir(stream_dir):
