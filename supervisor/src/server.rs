@@ -567,6 +567,7 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Resource(_) => "resource",
         Reply::Error(_) => "error",
         Reply::Files(_) => "files",
+        Reply::Tasks(_) => "tasks",
     }
 }
 
