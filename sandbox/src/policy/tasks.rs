@@ -23,6 +23,8 @@ pub const TASKS: &[Allow] = &[
     any("fsync", libc::SYS_fsync),
     any("fdatasync", libc::SYS_fdatasync),
     any("flock", libc::SYS_flock),
+    // Records and the directory must belong to this user.
+    any("geteuid", libc::SYS_geteuid),
 ];
 
 /// Descriptors it keeps beyond 0–3: 4, the task directory (read-write).
