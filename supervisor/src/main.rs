@@ -14,6 +14,7 @@ mod secret;
 mod server;
 mod spawner;
 mod stdio;
+mod tasks;
 mod tools;
 mod trace;
 mod transfers;
@@ -678,8 +679,16 @@ async fn run(
     let slots: Vec<Arc<WorkerSlot>> =
         std::iter::once(catalog.clone()).chain(network.clone()).chain(files.clone()).chain(task_slot.clone()).collect();
     let continuations = completion::Continuations::new(completion::Continuations::clock_offset_from_env())?;
-    let server =
-        SnowlumaServer::new(config, Workers { catalog, network }, policy, audit, transfer_service, continuations);
+    let task_service = task_slot.clone().map(tasks::TaskService::new);
+    let server = SnowlumaServer::new(
+        config,
+        Workers { catalog, network },
+        policy,
+        audit,
+        transfer_service,
+        continuations,
+        task_service.clone(),
+    );
     let info = serde_json::to_value(server::implementation())?;
     let transport = transport::LineTransport::stdio(info);
     let stdout = transport.stdout_state();
@@ -707,6 +716,14 @@ async fn run(
                 session.cancel();
             });
             let r = running.waiting().await;
+            // Background transfers outlive the session that started them:
+            // their results go to the task store, read in a later session.
+            if let Some(t) = &task_service
+                && !spawner_gone.is_cancelled()
+                && !fatal.is_cancelled()
+            {
+                t.wait_idle().await;
+            }
             watcher.abort();
             match r {
                 Ok(_) if spawner_gone.is_cancelled() || fatal.is_cancelled() => Ok(Ended::Broken),

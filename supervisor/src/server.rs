@@ -60,6 +60,10 @@ pub struct SnowlumaServer {
     transfers: Option<Arc<TransferService>>,
     /// Outstanding input-completion continuations (`completion.rs`).
     continuations: completion::Continuations,
+    /// Persistent background transfers (write mode with a task directory).
+    tasks: Option<Arc<crate::tasks::TaskService>>,
+    /// This server, for transfers that outlive their request.
+    me: std::sync::OnceLock<std::sync::Weak<SnowlumaServer>>,
 }
 
 /// What a `*_with_input` call answers: a result, or a request for input.
@@ -84,7 +88,7 @@ fn state_error(e: StateError) -> McpError {
     McpError::invalid_params(e.to_string(), None)
 }
 
-fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
+pub(crate) fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
     ctx.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
 }
 
@@ -171,8 +175,110 @@ impl SnowlumaServer {
         audit: Option<AuditLog>,
         transfers: Option<Arc<TransferService>>,
         continuations: completion::Continuations,
-    ) -> SnowlumaServer {
-        SnowlumaServer { config, workers, catalog: Catalog::bundled(), policy, audit, transfers, continuations }
+        tasks: Option<Arc<crate::tasks::TaskService>>,
+    ) -> Arc<SnowlumaServer> {
+        let server = Arc::new(SnowlumaServer {
+            config,
+            workers,
+            catalog: Catalog::bundled(),
+            policy,
+            audit,
+            transfers,
+            continuations,
+            tasks,
+            me: std::sync::OnceLock::new(),
+        });
+        let _ = server.me.set(Arc::downgrade(&server));
+        server
+    }
+
+    /// `invoke_action_background`: the gates of `invoke_action`, stream
+    /// actions only, a place among the running transfers, the record written,
+    /// then the transfer in its own task.
+    async fn background(
+        &self,
+        spec: ToolSpec,
+        args: Value,
+        trace: &CallTrace,
+    ) -> Result<rmcp::model::CreateTaskResult, ToolReply> {
+        let Some(tasks) = &self.tasks else {
+            return Err(ToolReply::fail(FailureKind::Execution, "persistent tasks are not configured".to_owned()));
+        };
+        // Every gate (mode, endpoint, catalog, params, policy) is checked
+        // again by exec_call; this one only decides whether a task fits.
+        let parsed = gates::arguments(spec.name, args.clone())?;
+        let action = gates::catalog_action(self.catalog, &parsed.action)?;
+        if !action.stream {
+            return Err(ToolReply::error(
+                Diagnostics::failed(
+                    FailureKind::InvalidArguments,
+                    format!("{} is not a stream action; background tasks run only catalog stream actions", action.name),
+                )
+                .with_next_step("Use invoke_action for ordinary actions."),
+            ));
+        }
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return Err(ToolReply::fail(FailureKind::Execution, "the server is shutting down".to_owned()));
+        };
+        let Some(running) = tasks.reserve() else {
+            return Err(ToolReply::error(
+                Diagnostics::failed(
+                    FailureKind::Execution,
+                    format!("{} background tasks are already running, the most allowed; nothing was started", crate::tasks::MAX_RUNNING),
+                )
+                .with_next_step("Wait for a running task to finish (poll tasks/get), then start this one."),
+            ));
+        };
+        let record = match tasks.create(&running.id, &action.name).await {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(ToolReply::error(
+                    Diagnostics::failed(FailureKind::Execution, format!("the task could not be recorded, so nothing was started: {e}"))
+                        .with_next_step("Use invoke_action, or fix the task directory (SNOWLUMA_MCP_TASK_DIR)."),
+                ));
+            }
+        };
+        let handle = rmcp::model::Task::new(
+            record.task_id.clone(),
+            rmcp::model::TaskStatus::Working,
+            record.created_at.clone(),
+            record.last_updated_at.clone(),
+        );
+        let mut handle = handle;
+        handle.status_message = record.status_message.clone();
+        handle.ttl_ms = None;
+        handle.poll_interval_ms = Some(crate::tasks::POLL_INTERVAL_MS);
+        let trace = trace.clone();
+        let service = tasks.clone();
+        tokio::spawn(async move {
+            let running = running;
+            let reply = me.exec_call(spec, args, &trace, &running.cancel, None).await;
+            let cancelled = running.cancel.is_cancelled() && reply.diagnostics.kind == Some(FailureKind::Cancelled);
+            let mut record = record;
+            if cancelled {
+                record.status = snowluma_proto::task::TaskStatus::Cancelled;
+                record.status_message = Some(format!(
+                    "cancelled; {}",
+                    reply.diagnostics.message.clone().unwrap_or_else(|| "the transfer stopped".into())
+                ));
+            } else {
+                let failed_business = reply.diagnostics.outcome != snowluma_proto::Outcome::Success;
+                record.status = snowluma_proto::task::TaskStatus::Completed;
+                record.status_message = Some(if failed_business {
+                    "completed; the result reports a failure or an unknown outcome: see its diagnostics".into()
+                } else {
+                    "completed".into()
+                });
+                let rendered = render(reply, &trace);
+                record.result = serde_json::to_value(&rendered).ok();
+            }
+            if let Err(e) = service.finish(record).await {
+                tracing::error!(error = %e, "a finished background task could not be saved");
+            }
+            drop(running);
+            drop(me);
+        });
+        Ok(rmcp::model::CreateTaskResult::new(handle))
     }
 
     /// This server's file transfers, when it has any.
@@ -542,8 +648,53 @@ impl SnowlumaServer {
         }
     }
 
+    async fn list_tasks(&self, args: Value) -> ToolReply {
+        let Some(tasks) = &self.tasks else {
+            return ToolReply::fail(FailureKind::Execution, "persistent tasks are not configured".to_owned());
+        };
+        let cursor = match args.get("cursor") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) => Some(c.clone()),
+            Some(_) => return ToolReply::fail(FailureKind::InvalidArguments, "cursor must be a string".to_owned()),
+        };
+        let limit = match args.get("limit") {
+            None | Some(Value::Null) => 50,
+            Some(v) => match v.as_u64() {
+                Some(n @ 1..=100) => n as u32,
+                _ => {
+                    return ToolReply::fail(
+                        FailureKind::InvalidArguments,
+                        "limit must be an integer from 1 to 100".to_owned(),
+                    );
+                }
+            },
+        };
+        if let Some(extra) = args.as_object().and_then(|o| o.keys().find(|k| *k != "cursor" && *k != "limit")) {
+            return ToolReply::fail(
+                FailureKind::InvalidArguments,
+                format!("unknown argument {}", snowluma_catalog::echo(extra)),
+            );
+        }
+        match tasks.list(cursor, limit).await {
+            Ok(page) => ToolReply::ok(&page),
+            Err(e) => ToolReply::fail(FailureKind::Execution, e.to_string()),
+        }
+    }
+
     async fn runtime_info(&self, args: Value, cancel: &CancellationToken, trace: &CallTrace) -> ToolReply {
         crate::runtime::runtime_info(self, args, cancel, trace).await
+    }
+
+    fn tasks_for(&self, ctx: &RequestContext<RoleServer>) -> Result<&crate::tasks::TaskService, McpError> {
+        match &self.tasks {
+            None => Err(McpError::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                "persistent tasks are not configured on this server",
+                None,
+            )),
+            Some(_) if !crate::tasks::declared(ctx) => Err(crate::tasks::not_declared()),
+            Some(t) => Ok(t),
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -573,7 +724,12 @@ fn reply_kind(r: &Reply) -> &'static str {
 
 impl ServerHandler for SnowlumaServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().build())
+        let caps = if self.tasks.is_some() {
+            ServerCapabilities::builder().enable_tools().enable_resources().enable_tasks().build()
+        } else {
+            ServerCapabilities::builder().enable_tools().enable_resources().build()
+        };
+        ServerConfig::new(caps)
             .with_server_info(implementation())
             .with_instructions(
                 "Documentation and execution of SnowLuma's OneBot v11 actions. Find actions with search_actions / list_actions, read the full contract with get_action, then run read-only actions with query_action (read/write mode) or any action with invoke_action (write mode). Results carry structuredContent {result, diagnostics}; check diagnostics.outcome, status and retcode. Nothing is retried automatically.",
@@ -594,7 +750,11 @@ impl ServerHandler for SnowlumaServer {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut res = ListToolsResult::with_all_items(tools::listed(self.config.mode));
+        let mut listed = tools::listed(self.config.mode);
+        if self.tasks.is_some() && crate::tasks::declared(&ctx) {
+            listed.extend(tools::TASK_TOOLS.iter().copied().map(tools::definition));
+        }
+        let mut res = ListToolsResult::with_all_items(listed);
         if is_modern(&ctx) {
             res = res.with_ttl_ms(CACHE_TTL_MS).with_cache_scope(CacheScope::Private);
         }
@@ -623,6 +783,32 @@ impl ServerHandler for SnowlumaServer {
             return Err(state_error(StateError::Foreign));
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
+        let task_tool = matches!(spec.handler, Handler::Background | Handler::ListTasks);
+        if task_tool && (self.tasks.is_none() || !crate::tasks::declared(&ctx)) {
+            if self.tasks.is_none() {
+                return Err(McpError::invalid_params(
+                    format!("unknown tool {}: persistent tasks are not configured", spec.name),
+                    None,
+                ));
+            }
+            return Err(crate::tasks::not_declared());
+        }
+        if spec.handler == Handler::Background && spec.modes.contains(self.config.mode) {
+            let reply = match self.background(spec, args, &trace).await {
+                Ok(task) => {
+                    tracing::info!(
+                        tool = spec.name,
+                        traceparent = %trace.traceparent,
+                        outcome = "task",
+                        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+                        "tool call"
+                    );
+                    return Ok(CallToolResponse::Task(task));
+                }
+                Err(reply) => reply,
+            };
+            return Ok(render(reply, &trace).into());
+        }
         let reply = if !spec.modes.contains(self.config.mode) {
             gates::mode_refusal(spec.name, spec.modes.need(), self.config.mode)
         } else {
@@ -649,6 +835,10 @@ impl ServerHandler for SnowlumaServer {
                     }
                 }
                 Handler::RuntimeInfo => self.runtime_info(args, &ctx.ct, &trace).await,
+                Handler::Background => {
+                    ToolReply::fail(FailureKind::Execution, "background tasks need write mode".to_owned())
+                }
+                Handler::ListTasks => self.list_tasks(args).await,
             }
         };
         // One diagnostic line per call: never arguments, contents, tokens or paths.
@@ -664,6 +854,37 @@ impl ServerHandler for SnowlumaServer {
             "tool call"
         );
         Ok(render(reply, &trace).into())
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+        let tasks = self.tasks_for(&ctx)?;
+        let record = tasks.get(&request.task_id).await.map_err(|e| e.to_mcp())?;
+        tasks.detailed(record)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let tasks = self.tasks_for(&ctx)?;
+        tasks.cancel(&request.task_id).await.map(|_| ()).map_err(|e| e.to_mcp())
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let tasks = self.tasks_for(&ctx)?;
+        // Background transfers never request input: there is no outstanding
+        // input request to answer, so every response is ignored (the spec's
+        // rule for unknown keys); an unknown task is an error.
+        tasks.get(&request.task_id).await.map(|_| ()).map_err(|e| e.to_mcp())
     }
 
     async fn list_resources(

@@ -33,6 +33,10 @@ pub enum Handler {
     InvokeWithInput,
     /// `get_runtime_info`: the supervisor, from its configuration.
     RuntimeInfo,
+    /// `invoke_action_background`: a stream action as a persistent task (`tasks.rs`).
+    Background,
+    /// `list_tasks`: task metadata from the task store.
+    ListTasks,
 }
 
 /// The modes in which a tool is listed and callable.
@@ -184,6 +188,55 @@ pub const TOOLS: [ToolSpec; 9] = [
     INVOKE_ACTION_WITH_INPUT,
 ];
 
+/// `invoke_action_background`: listed only to 2026-07-28 requests that
+/// declare the tasks extension, on a server with a usable task directory.
+pub const INVOKE_ACTION_BACKGROUND: ToolSpec = ToolSpec {
+    name: "invoke_action_background",
+    description: "Like invoke_action (write mode), but only for catalog stream actions (downloads, generic streams, upload_file_stream with execution.input_file), run as a persistent background task: the task record is written before work starts and the call returns a task handle at once. Poll tasks/get for the state and the saved result. Never retried or replayed.",
+    modes: Modes::WRITE,
+    input_schema: exec_input,
+    result_schema: invoke_result_schema,
+    hints: Hints { read_only: false, destructive: true, open_world: true },
+    handler: Handler::Background,
+};
+
+/// `list_tasks`: metadata of persisted tasks, no result bodies.
+pub const LIST_TASKS: ToolSpec = ToolSpec {
+    name: "list_tasks",
+    description: "List persisted background tasks (metadata only, no results), oldest first. Optional cursor (from nextCursor) and limit 1-100 (default 50).",
+    modes: Modes::WRITE,
+    input_schema: list_tasks_input,
+    result_schema: list_tasks_schema,
+    hints: Hints { read_only: true, destructive: false, open_world: false },
+    handler: Handler::ListTasks,
+};
+
+/// The task tools, listed apart from [`TOOLS`]: only for requests that
+/// declare the tasks extension.
+pub const TASK_TOOLS: [ToolSpec; 2] = [INVOKE_ACTION_BACKGROUND, LIST_TASKS];
+
+fn list_tasks_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "cursor": {"type": "string", "description": "nextCursor of the previous page."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 50}
+        },
+        "additionalProperties": false
+    })
+}
+
+fn list_tasks_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "tasks": {"type": "array", "items": {"type": "object"}},
+            "nextCursor": nullable(json!({"type": "string"}))
+        },
+        "required": ["tasks"]
+    })
+}
+
 impl Handler {
     /// The tool runs read-only actions only (`query_action` and its form variant).
     pub fn read_only_tool(self) -> bool {
@@ -192,7 +245,7 @@ impl Handler {
 }
 
 pub fn find(name: &str) -> Option<ToolSpec> {
-    TOOLS.iter().copied().find(|t| t.name == name)
+    TOOLS.iter().chain(TASK_TOOLS.iter()).copied().find(|t| t.name == name)
 }
 
 fn obj(v: Value) -> Arc<JsonObject> {
