@@ -224,7 +224,10 @@ impl SnowlumaServer {
             return Err(ToolReply::error(
                 Diagnostics::failed(
                     FailureKind::Execution,
-                    format!("{} background tasks are already running, the most allowed; nothing was started", crate::tasks::MAX_RUNNING),
+                    format!(
+                        "{} background tasks are already running, the most allowed; nothing was started",
+                        crate::tasks::MAX_RUNNING
+                    ),
                 )
                 .with_next_step("Wait for a running task to finish (poll tasks/get), then start this one."),
             ));
@@ -233,8 +236,11 @@ impl SnowlumaServer {
             Ok(r) => r,
             Err(e) => {
                 return Err(ToolReply::error(
-                    Diagnostics::failed(FailureKind::Execution, format!("the task could not be recorded, so nothing was started: {e}"))
-                        .with_next_step("Use invoke_action, or fix the task directory (SNOWLUMA_MCP_TASK_DIR)."),
+                    Diagnostics::failed(
+                        FailureKind::Execution,
+                        format!("the task could not be recorded, so nothing was started: {e}"),
+                    )
+                    .with_next_step("Use invoke_action, or fix the task directory (SNOWLUMA_MCP_TASK_DIR)."),
                 ));
             }
         };
