@@ -18,6 +18,8 @@ pub const TASKS: &[Allow] = &[
     any("getdents64", libc::SYS_getdents64),
     any("linkat", libc::SYS_linkat),
     any("unlinkat", libc::SYS_unlinkat),
+    // std::fs's path form (doctor's control probe); Landlock decides which paths.
+    any("unlink", libc::SYS_unlink),
     any("renameat", libc::SYS_renameat),
     any("renameat2", libc::SYS_renameat2),
     any("fsync", libc::SYS_fsync),
