@@ -427,11 +427,11 @@ mod tests {
 
     #[test]
     fn modes_match_the_handlers() {
-        for t in TOOLS {
+        for t in TOOLS.iter().chain(TASK_TOOLS.iter()) {
             let expected = match t.handler {
                 Handler::Doc | Handler::RuntimeInfo => Modes::ALL,
                 Handler::Query | Handler::QueryWithInput => Modes::READ_WRITE,
-                Handler::Invoke | Handler::InvokeWithInput => Modes::WRITE,
+                Handler::Invoke | Handler::InvokeWithInput | Handler::Background | Handler::ListTasks => Modes::WRITE,
             };
             assert_eq!(t.modes, expected, "{}", t.name);
         }
