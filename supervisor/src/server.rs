@@ -217,6 +217,11 @@ impl SnowlumaServer {
                 .with_next_step("Use invoke_action for ordinary actions."),
             ));
         }
+        // A call that a gate or the policy refuses gets that refusal at once
+        // (through exec_call, which also audits a policy refusal), not a task.
+        if self.gated(spec, &args).is_none() {
+            return Err(self.exec_call(spec, args, trace, &CancellationToken::new(), None).await);
+        }
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
             return Err(ToolReply::fail(FailureKind::Execution, "the server is shutting down".to_owned()));
         };
@@ -256,9 +261,17 @@ impl SnowlumaServer {
         handle.poll_interval_ms = Some(crate::tasks::POLL_INTERVAL_MS);
         let trace = trace.clone();
         let service = tasks.clone();
+        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel();
+        let watcher = tasks.clone();
+        let watched = running.id.clone();
+        tokio::spawn(async move {
+            while let Some(p) = progress_rx.recv().await {
+                watcher.note_progress(&watched, p);
+            }
+        });
         tokio::spawn(async move {
             let running = running;
-            let reply = me.exec_call(spec, args, &trace, &running.cancel, None).await;
+            let reply = me.exec_task(spec, args, &trace, &running.cancel, progress_tx).await;
             let cancelled = running.cancel.is_cancelled() && reply.diagnostics.kind == Some(FailureKind::Cancelled);
             let mut record = record;
             if cancelled {
@@ -315,7 +328,22 @@ impl SnowlumaServer {
         cancel: &CancellationToken,
         progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
     ) -> ToolReply {
-        match self.execute(spec, args, trace, cancel, progress).await {
+        match self.execute(spec, args, trace, cancel, progress, None).await {
+            Ok(reply) | Err(reply) => reply,
+        }
+    }
+
+    /// [`Self::exec_call`] for a background task: progress goes to
+    /// `task_progress` (what `tasks/get` shows) instead of the client.
+    async fn exec_task(
+        &self,
+        spec: ToolSpec,
+        args: Value,
+        trace: &CallTrace,
+        cancel: &CancellationToken,
+        task_progress: tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>,
+    ) -> ToolReply {
+        match self.execute(spec, args, trace, cancel, None, Some(task_progress)).await {
             Ok(reply) | Err(reply) => reply,
         }
     }
@@ -327,6 +355,7 @@ impl SnowlumaServer {
         trace: &CallTrace,
         cancel: &CancellationToken,
         progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
+        task_progress: Option<tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>>,
     ) -> Result<ToolReply, ToolReply> {
         let tool = spec.name;
         let mut args = gates::arguments(tool, args)?;
@@ -387,7 +416,7 @@ impl SnowlumaServer {
             write: !action.read_only,
             trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
             transfer: None,
-            progress: progress.is_some() && action.stream,
+            progress: (progress.is_some() || task_progress.is_some()) && action.stream,
             file_action: action.transfer.map(|t| match t {
                 FileTransfer::Upload => FileAction::Upload,
                 FileTransfer::Download => FileAction::Download,
@@ -399,7 +428,7 @@ impl SnowlumaServer {
             }
             _ => None,
         };
-        let progress_tx = forwarder.as_ref().and_then(|f| f.sender());
+        let progress_tx = forwarder.as_ref().and_then(|f| f.sender()).or(task_progress);
         let mut reply = match (transfer, &self.transfers) {
             (Some(plan), Some(service)) => service.clone().run(plan, exec, cancel.clone(), progress_tx).await,
             _ => tool_reply(
@@ -868,7 +897,12 @@ impl ServerHandler for SnowlumaServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, McpError> {
         let tasks = self.tasks_for(&ctx)?;
-        let record = tasks.get(&request.task_id).await.map_err(|e| e.to_mcp())?;
+        let mut record = tasks.get(&request.task_id).await.map_err(|e| e.to_mcp())?;
+        if record.status == snowluma_proto::task::TaskStatus::Working
+            && let Some(m) = tasks.progress_message(&record.task_id)
+        {
+            record.status_message = Some(m);
+        }
         tasks.detailed(record)
     }
 

@@ -75,6 +75,8 @@ impl TaskError {
 pub struct TaskService {
     store: Arc<WorkerSlot>,
     running: Mutex<HashMap<String, CancellationToken>>,
+    /// The last progress of each running transfer (memory only).
+    progress: Mutex<HashMap<String, snowluma_proto::Progress>>,
     idle: tokio::sync::watch::Sender<usize>,
 }
 
@@ -87,6 +89,9 @@ pub struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        if let Ok(mut p) = self.service.progress.lock() {
+            p.remove(&self.id);
+        }
         if let Ok(mut r) = self.service.running.lock() {
             r.remove(&self.id);
             self.service.idle.send_replace(r.len());
@@ -96,7 +101,12 @@ impl Drop for Running {
 
 impl TaskService {
     pub fn new(store: Arc<WorkerSlot>) -> Arc<TaskService> {
-        Arc::new(TaskService { store, running: Mutex::new(HashMap::new()), idle: tokio::sync::watch::channel(0).0 })
+        Arc::new(TaskService {
+            store,
+            running: Mutex::new(HashMap::new()),
+            progress: Mutex::new(HashMap::new()),
+            idle: tokio::sync::watch::channel(0).0,
+        })
     }
 
     /// Reserve a place for a new transfer, or `None` when [`MAX_RUNNING`] run.
@@ -110,6 +120,24 @@ impl TaskService {
         r.insert(id.clone(), cancel.clone());
         self.idle.send_replace(r.len());
         Some(Running { service: self.clone(), id, cancel })
+    }
+
+    /// Record a running transfer's latest progress.
+    pub fn note_progress(&self, id: &str, progress: snowluma_proto::Progress) {
+        let running = self.running.lock().is_ok_and(|r| r.contains_key(id));
+        if running && let Ok(mut p) = self.progress.lock() {
+            p.insert(id.to_owned(), progress);
+        }
+    }
+
+    /// A running transfer's progress as a status message.
+    pub fn progress_message(&self, id: &str) -> Option<String> {
+        let p = self.progress.lock().ok()?.get(id).cloned()?;
+        // Bytes for file transfers, frames for generic streams.
+        Some(match p.total {
+            Some(t) => format!("running: {} of {} transferred", p.progress, t),
+            None => format!("running: {} transferred", p.progress),
+        })
     }
 
     /// Wait until no transfer runs (the end of a session).

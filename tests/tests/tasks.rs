@@ -350,3 +350,58 @@ fn list_tasks_pages_through_120_tasks() {
     let r = call_task_tool(&mut s, "list_tasks", json!({"limit": 101}));
     assert_eq!(r["result"]["isError"], true);
 }
+
+#[test]
+fn a_running_task_shows_its_progress_and_is_audited() {
+    let e = env("progress");
+    let ab = snowluma_fake::base64::encode(b"abcd");
+    let frame = |data_type: &str, extra: Value| {
+        let mut d = json!({"type": "stream", "data_type": data_type});
+        d.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        json!({"status": "ok", "retcode": 0, "stream": "stream-action", "message": "", "wording": "", "data": d})
+    };
+    e.fake.fake.set_fault(
+        "download_file_stream",
+        Fault::StreamThenHang(vec![
+            frame("file_info", json!({"file_name": "x.bin", "file_size": 400, "chunk_size": 4})),
+            frame("file_chunk", json!({"index": 0, "data": ab, "size": 4, "progress": 50, "base64_size": ab.len()})),
+            frame("file_chunk", json!({"index": 1, "data": ab, "size": 4, "progress": 50, "base64_size": ab.len()})),
+        ]),
+    );
+    let log = e.dir.join("audit.log").display().to_string();
+    let url = e.fake.fake.url();
+    let sd = e.dir.join("downloads").display().to_string();
+    let td = e.task_dir().display().to_string();
+    let mut s = Mcp::spawn(&[
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_STREAM_DIR", sd.as_str()),
+        ("SNOWLUMA_MCP_TASK_DIR", td.as_str()),
+        ("SNOWLUMA_MCP_AUDIT_LOG", log.as_str()),
+    ]);
+    let id = start(&mut s, download_args("x.bin"));
+    let t = wait_until("progress is visible", || {
+        let t = get(&mut s, &id);
+        t["statusMessage"].as_str().is_some_and(|m| m.contains("8 of 400")).then_some(t)
+    });
+    assert_eq!(t["status"], "working");
+    let audit = std::fs::read_to_string(&log).unwrap();
+    assert!(audit.contains("\"intent\""), "intent before the transfer: {audit}");
+    s.ok("tasks/cancel", with_meta(json!({"taskId": id})));
+    assert_eq!(wait_final(&mut s, &id)["status"], "cancelled");
+    wait_until("the result is audited", || std::fs::read_to_string(&log).unwrap().contains("\"result\"").then_some(()));
+}
+
+#[test]
+fn a_refused_call_creates_no_task() {
+    let e = env("refused");
+    let mut s = e.spawn_with("t", &e.task_dir());
+    // Unknown action, bad params: refused at once, no record.
+    let r = call_task_tool(&mut s, "invoke_action_background", json!({"action": "no_such_action"}));
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    let r = call_task_tool(&mut s, "invoke_action_background", json!({"action": "download_file_stream", "params": 5}));
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    let page = call_task_tool(&mut s, "list_tasks", json!({}));
+    assert_eq!(page["result"]["structuredContent"]["result"]["tasks"], json!([]), "{page}");
+}
