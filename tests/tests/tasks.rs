@@ -405,3 +405,39 @@ fn a_refused_call_creates_no_task() {
     let page = call_task_tool(&mut s, "list_tasks", json!({}));
     assert_eq!(page["result"]["structuredContent"]["result"]["tasks"], json!([]), "{page}");
 }
+
+#[test]
+fn a_task_directory_outside_write_mode_is_a_warning_and_unused() {
+    let e = env("readmode");
+    let url = e.fake.fake.url();
+    let td = e.task_dir().display().to_string();
+    let mut s = Mcp::spawn(&[
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_MODE", "read"),
+        ("SNOWLUMA_MCP_TASK_DIR", td.as_str()),
+    ]);
+    let list = s.ok("tools/list", json!({"_meta": tasks_meta()}));
+    assert!(!list.to_string().contains("invoke_action_background"));
+    s.wait_stderr("persistent tasks need write mode");
+    assert!(!e.task_dir().exists(), "the directory is not created in read mode");
+    assert!(s.worker_pid("tasks").is_none());
+}
+
+#[test]
+fn a_background_upload_survives_its_client() {
+    let e = env("upload-disconnect");
+    let path = e.dir.join("uploads").join("big.bin");
+    std::fs::write(&path, vec![9u8; 4096]).unwrap();
+    e.fake.fake.set_fault("upload_file_stream", Fault::Delay(std::time::Duration::from_millis(300)));
+    let mut s = e.spawn();
+    let id =
+        start(&mut s, json!({"action": "upload_file_stream", "execution": {"input_file": path.display().to_string()}}));
+    s.close_stdin();
+    let status = wait_exit(&mut s.child, "the server ends after its upload");
+    assert!(status.success(), "{status:?}");
+    let mut s = e.spawn();
+    let t = get(&mut s, &id);
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(t["result"]["structuredContent"]["result"]["file_size"], 4096, "{t}");
+    assert_eq!(t["result"]["structuredContent"]["diagnostics"]["outcome"], "success", "{t}");
+}
