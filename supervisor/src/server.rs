@@ -222,6 +222,15 @@ impl SnowlumaServer {
         if self.gated(spec, &args).is_none() {
             return Err(self.exec_call(spec, args, trace, &CancellationToken::new(), None).await);
         }
+        if action.transfer == Some(FileTransfer::Upload) && parsed.input_file().is_none() {
+            return Err(ToolReply::error(
+                Diagnostics::failed(
+                    FailureKind::InvalidArguments,
+                    "a background upload needs execution.input_file (the automatic upload); single chunks go through invoke_action".to_owned(),
+                )
+                .with_next_step("Pass execution.input_file with a file inside the upload root."),
+            ));
+        }
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
             return Err(ToolReply::fail(FailureKind::Execution, "the server is shutting down".to_owned()));
         };

@@ -402,6 +402,13 @@ fn a_refused_call_creates_no_task() {
     assert_eq!(r["result"]["isError"], true, "{r}");
     let r = call_task_tool(&mut s, "invoke_action_background", json!({"action": "download_file_stream", "params": 5}));
     assert_eq!(r["result"]["isError"], true, "{r}");
+    // An upload only as the automatic upload.
+    let r = call_task_tool(
+        &mut s,
+        "invoke_action_background",
+        json!({"action": "upload_file_stream", "params": {"stream_id": "s", "chunk_data": "", "chunk_index": 0}}),
+    );
+    assert!(text(&r["result"]).contains("execution.input_file"), "{r}");
     let page = call_task_tool(&mut s, "list_tasks", json!({}));
     assert_eq!(page["result"]["structuredContent"]["result"]["tasks"], json!([]), "{page}");
 }
