@@ -255,12 +255,18 @@ pub enum TasksRequest {
         cursor: Option<String>,
         limit: u32,
     },
+    /// The restart pass: fail every unfinished record ("unknown remote
+    /// outcome"). Sent once per supervisor, before any other request.
+    Recover,
 }
 
 /// Replies of the task-store worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum TasksReply {
     Written,
+    Recovered {
+        failed: u64,
+    },
     Record(JsonText),
     Page {
         tasks: JsonText,

@@ -680,6 +680,16 @@ async fn run(
         std::iter::once(catalog.clone()).chain(network.clone()).chain(files.clone()).chain(task_slot.clone()).collect();
     let continuations = completion::Continuations::new(completion::Continuations::clock_offset_from_env())?;
     let task_service = task_slot.clone().map(tasks::TaskService::new);
+    if let Some(t) = task_service.clone() {
+        // The restart pass, at once: unfinished records of an earlier run
+        // become failed (unknown remote outcome). Errors are reported to
+        // every task call.
+        tokio::spawn(async move {
+            if let Err(e) = t.recover().await {
+                tracing::warn!(error = %e, "the task store cannot be used");
+            }
+        });
+    }
     let server = SnowlumaServer::new(
         config,
         Workers { catalog, network },

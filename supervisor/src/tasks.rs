@@ -78,6 +78,9 @@ pub struct TaskService {
     /// The last progress of each running transfer (memory only).
     progress: Mutex<HashMap<String, snowluma_proto::Progress>>,
     idle: tokio::sync::watch::Sender<usize>,
+    /// The restart pass ran (once per supervisor; a restarted task-store
+    /// worker does not fail the transfers still running).
+    recovered: tokio::sync::OnceCell<()>,
 }
 
 /// A reserved place among the running transfers; released on drop.
@@ -106,6 +109,7 @@ impl TaskService {
             running: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
             idle: tokio::sync::watch::channel(0).0,
+            recovered: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -146,7 +150,26 @@ impl TaskService {
         let _ = rx.wait_for(|n| *n == 0).await;
     }
 
+    /// Run the restart pass if it has not run yet (at startup, and before
+    /// any other request if that one failed).
+    pub async fn recover(&self) -> Result<(), TaskError> {
+        self.recovered
+            .get_or_try_init(|| async {
+                match self.raw_call(TasksRequest::Recover).await? {
+                    TasksReply::Recovered { .. } => Ok(()),
+                    _ => Err(TaskError::Worker("the task-store worker answered unexpectedly".into())),
+                }
+            })
+            .await
+            .map(|_| ())
+    }
+
     async fn call(&self, req: TasksRequest) -> Result<TasksReply, TaskError> {
+        self.recover().await?;
+        self.raw_call(req).await
+    }
+
+    async fn raw_call(&self, req: TasksRequest) -> Result<TasksReply, TaskError> {
         // Store calls are never cancelled halfway: a record write finishes.
         let never = CancellationToken::new();
         match self.store.call(Request::Tasks(req), &never, None).await {

@@ -448,3 +448,18 @@ fn a_background_upload_survives_its_client() {
     assert_eq!(t["result"]["structuredContent"]["result"]["file_size"], 4096, "{t}");
     assert_eq!(t["result"]["structuredContent"]["diagnostics"]["outcome"], "success", "{t}");
 }
+
+#[test]
+fn a_restarted_task_store_worker_does_not_fail_running_transfers() {
+    let e = env("worker-restart");
+    e.fake.fake.add_file("slow.bin", vec![4u8; 64]);
+    e.fake.fake.set_fault("download_file_stream", Fault::Delay(std::time::Duration::from_millis(1500)));
+    let mut s = e.spawn();
+    let id = start(&mut s, download_args("slow.bin"));
+    let old = s.wait_worker("tasks");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL).unwrap();
+    wait_until("a new task-store worker", || s.worker_pid("tasks").filter(|p| *p != old));
+    let t = wait_final(&mut s, &id);
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(actions_sent(&e, "download_file_stream"), 1);
+}

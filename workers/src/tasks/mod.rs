@@ -55,6 +55,15 @@ impl TasksWorker {
                     store.put(&r, false)
                 })
                 .map(|()| TasksReply::Written),
+            TasksRequest::Recover => store.fail_unfinished().map(|failed| {
+                if failed > 0 {
+                    tracing::warn!(
+                        failed,
+                        "unfinished tasks from an earlier run were marked failed (unknown remote outcome)"
+                    );
+                }
+                TasksReply::Recovered { failed: failed as u64 }
+            }),
             TasksRequest::Get { task_id } => store.get(&task_id).and_then(|r| {
                 serde_json::to_value(&r)
                     .map(|v| TasksReply::Record(JsonText::from_value(&v)))
@@ -88,15 +97,7 @@ impl RoleHandler for TasksWorker {
             .take()
             .ok_or_else(|| "no task directory descriptor".to_owned())?;
         let opened = match TaskStore::open(dir, &config_digest) {
-            Ok((store, failed)) => {
-                if failed > 0 {
-                    tracing::warn!(
-                        failed,
-                        "unfinished tasks from an earlier run were marked failed (unknown remote outcome)"
-                    );
-                }
-                Ok(store)
-            }
+            Ok(store) => Ok(store),
             Err(e) => {
                 tracing::warn!(error = %e, "the task store cannot be used");
                 Err(e.to_string())

@@ -122,11 +122,9 @@ fn openat(dir: BorrowedFd<'_>, name: &str, flags: OFlag, mode: u32) -> nix::Resu
 }
 
 impl TaskStore {
-    /// Open the store in `dir` (a directory descriptor): take the lease,
-    /// check or write the scope, then fail every unfinished record with
-    /// [`UNKNOWN_OUTCOME`]. Returns the store and how many records were
-    /// failed that way.
-    pub fn open(dir: OwnedFd, config_digest: &[u8; 32]) -> Result<(TaskStore, usize), StoreError> {
+    /// Open the store in `dir` (a directory descriptor): take the lease and
+    /// check or write the scope. The restart pass is [`TaskStore::fail_unfinished`].
+    pub fn open(dir: OwnedFd, config_digest: &[u8; 32]) -> Result<TaskStore, StoreError> {
         check_private(dir.as_fd(), "the directory", true)?;
         let lease =
             openat(dir.as_fd(), LEASE_FILE, OFlag::O_RDWR | OFlag::O_CREAT, 0o600).map_err(nix_io("open lease"))?;
@@ -138,8 +136,7 @@ impl TaskStore {
         }
         let store = TaskStore { dir, _lease: lease };
         store.check_scope(config_digest)?;
-        let failed = store.fail_unfinished()?;
-        Ok((store, failed))
+        Ok(store)
     }
 
     /// Open a directory by path (tests).
@@ -187,7 +184,10 @@ impl TaskStore {
         }
     }
 
-    fn fail_unfinished(&self) -> Result<usize, StoreError> {
+    /// The restart pass: every unfinished record becomes failed with
+    /// [`UNKNOWN_OUTCOME`]; returns how many. Run once per server start
+    /// (the supervisor asks), never again when only this worker restarts.
+    pub fn fail_unfinished(&self) -> Result<usize, StoreError> {
         let mut failed = 0;
         for id in self.record_ids()? {
             let mut record = self.get(&id)?;
@@ -379,7 +379,9 @@ mod tests {
     }
 
     fn open(p: &std::path::Path, digest: u8) -> Result<(TaskStore, usize), StoreError> {
-        TaskStore::open(TaskStore::open_dir(p)?, &[digest; 32])
+        let store = TaskStore::open(TaskStore::open_dir(p)?, &[digest; 32])?;
+        let failed = store.fail_unfinished()?;
+        Ok((store, failed))
     }
 
     #[test]
