@@ -156,6 +156,8 @@ fn legacy_and_undeclared_clients_see_no_task_tools() {
     let declared = s.ok("tools/list", json!({"_meta": tasks_meta()}));
     assert!(names(&declared).contains(&"invoke_action_background".to_owned()));
     assert!(names(&declared).contains(&"list_tasks".to_owned()));
+    let d = s.ok("server/discover", json!({"_meta": modern_meta()}));
+    assert!(d["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"].is_object(), "{d}");
     let r = s.request("tasks/get", json!({"taskId": "0123456789abcdef0123456789abcdef", "_meta": modern_meta()}));
     assert_eq!(r["error"]["code"], -32021, "{r}");
     let r = s.request(
