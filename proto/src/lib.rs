@@ -15,6 +15,7 @@ pub mod frame;
 pub mod msg;
 pub mod outcome;
 pub mod sockio;
+pub mod task;
 
 pub use frame::{FrameError, MAX_FRAME_BYTES, read_frame, write_frame};
 pub use msg::*;

@@ -149,6 +149,11 @@ pub enum WorkerConfig {
         denied: Vec<String>,
     },
     Network(NetworkConfig),
+    /// The task-store worker: the digest of the effective mode, endpoint
+    /// and token (computed by the supervisor at startup; never the token).
+    Tasks {
+        config_digest: [u8; 32],
+    },
 }
 
 /// The file-transfer worker's settings; its directories arrive as
@@ -165,6 +170,8 @@ pub const FILES_DOWNLOAD_DIR_FD: i32 = 5;
 pub const FILES_FD_CHANNEL: i32 = 6;
 /// Descriptor of the network executor's fd channel.
 pub const NETWORK_FD_CHANNEL: i32 = 4;
+/// The task-store worker's task directory (read-write).
+pub const TASKS_DIR_FD: i32 = 4;
 
 #[derive(Clone, Serialize, Deserialize)]
 pub struct NetworkConfig {
@@ -257,9 +264,14 @@ pub struct TraceContext {
 pub enum Request {
     /// A documentation tool (`list_actions`, `get_action`, ...) with its raw
     /// arguments; the catalog worker validates them.
-    CatalogTool { tool: String, args: JsonText },
+    CatalogTool {
+        tool: String,
+        args: JsonText,
+    },
     /// Read a `snowluma://onebot/actions...` resource.
-    CatalogResource { uri: String },
+    CatalogResource {
+        uri: String,
+    },
     /// Execute one OneBot action (network executor). The supervisor has
     /// already applied every gate.
     Execute(ExecRequest),
@@ -271,7 +283,55 @@ pub enum Request {
     /// [`Reply::EventsClosed`]) or the request is cancelled (the socket is
     /// closed). Every event must belong to `self_id`; nothing is ever sent
     /// on the socket but the protocol's own control frames.
-    Events { self_id: i64 },
+    Events {
+        self_id: i64,
+    },
+    Tasks(TasksRequest),
+}
+
+/// Requests to the task-store worker. Records cross as JSON text and are
+/// validated by the receiver.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum TasksRequest {
+    /// Write a new record (refused if the id exists).
+    Create {
+        record: JsonText,
+    },
+    /// Replace a record.
+    Update {
+        record: JsonText,
+    },
+    Get {
+        task_id: String,
+    },
+    /// Metadata only, ordered by creation.
+    List {
+        cursor: Option<String>,
+        limit: u32,
+    },
+    /// The restart pass: fail every unfinished record ("unknown remote
+    /// outcome"). Sent once per supervisor, before any other request.
+    Recover,
+}
+
+/// Replies of the task-store worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum TasksReply {
+    Written,
+    Recovered {
+        failed: u64,
+    },
+    Record(JsonText),
+    Page {
+        tasks: JsonText,
+        next_cursor: Option<String>,
+    },
+    NotFound,
+    /// The store cannot serve (lease held elsewhere, another configuration,
+    /// corruption, permissions, a failed write): the reason, for the client.
+    Refused {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -351,6 +411,7 @@ pub enum Reply {
     EventsClosed {
         reason: String,
     },
+    Tasks(TasksReply),
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -13,7 +13,7 @@
 use std::os::fd::RawFd;
 
 pub use snowluma_proto::{
-    FILES_DOWNLOAD_DIR_FD, FILES_FD_CHANNEL, FILES_UPLOAD_ROOT_FD, NETWORK_FD_CHANNEL, WORKER_IPC_FD,
+    FILES_DOWNLOAD_DIR_FD, FILES_FD_CHANNEL, FILES_UPLOAD_ROOT_FD, NETWORK_FD_CHANNEL, TASKS_DIR_FD, WORKER_IPC_FD,
 };
 
 /// The descriptor on which the spawner holds its own executable: the only

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use serde_json::{Value, json};
-use snowluma_sandbox::fds::{FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD};
+use snowluma_sandbox::fds::{FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, TASKS_DIR_FD};
 use snowluma_sandbox::landlock::PINNED_ABI_NUMBER;
 use snowluma_sandbox::probe::{EXEC_MARKER, PROBE_ARG, Probe};
 
@@ -37,6 +37,7 @@ struct Setup {
     dir: PathBuf,
     upload: PathBuf,
     download: PathBuf,
+    tasks: PathBuf,
     endpoint: TcpListener,
     other: TcpListener,
     /// A UDP socket the datagram probe aims at.
@@ -56,6 +57,12 @@ impl Setup {
         std::fs::create_dir_all(&upload)?;
         std::fs::create_dir_all(&download)?;
         std::fs::write(upload.join("probe.txt"), b"probe")?;
+        let tasks = dir.join("tasks");
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new().mode(0o700).create(&tasks)?;
+        }
+        std::fs::write(tasks.join("probe.txt"), b"probe")?;
         let endpoint = TcpListener::bind("127.0.0.1:0")?;
         let other = TcpListener::bind("127.0.0.1:0")?;
         let udp = std::net::UdpSocket::bind("127.0.0.1:0")?;
@@ -69,7 +76,7 @@ impl Setup {
             .stderr(Stdio::null())
             .spawn()
             .ok();
-        Ok(Setup { dir, upload, download, endpoint, other, udp, unix, interpreter, sibling })
+        Ok(Setup { dir, upload, download, tasks, endpoint, other, udp, unix, interpreter, sibling })
     }
     fn udp_port(&self) -> u16 {
         self.udp.local_addr().map(|a| a.port()).unwrap_or(0)
@@ -175,6 +182,30 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
             label: "create a file in the download directory (control)".into(),
         });
     }
+    if role == "tasks" {
+        v.push(forbidden(
+            Probe::WriteOutside,
+            vec![format!("path={}", s.download.join("from-tasks").display())],
+            "write into the download directory",
+        ));
+        v.push(forbidden(
+            Probe::WriteOutside,
+            vec![format!("path={}", s.upload.join("from-tasks").display())],
+            "write into the upload root",
+        ));
+        v.push(Case {
+            probe: Probe::ReadGranted,
+            args: vec!["name=probe.txt".into()],
+            control: true,
+            label: "read a file in the task directory (control)".into(),
+        });
+        v.push(Case {
+            probe: Probe::WriteOutside,
+            args: vec![format!("path={}", s.tasks.join("new").display())],
+            control: true,
+            label: "create a file in the task directory (control)".into(),
+        });
+    }
     v.push(forbidden(Probe::ExecShell, vec![], "exec /bin/sh"));
     if let Some(interp) = &s.interpreter {
         v.push(forbidden(Probe::ExecLoader, vec![format!("path={interp}")], "run /bin/sh through the ELF interpreter"));
@@ -211,6 +242,23 @@ fn spawn_probe(exe: &Path, role: &str, case: &Case, s: &Setup) -> std::io::Resul
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
+    if role == "tasks" {
+        // The supervisor hands the task-store worker its directory at fd 4.
+        let dir = std::os::fd::OwnedFd::from(std::fs::File::open(&s.tasks)?);
+        let t = std::os::fd::AsRawFd::as_raw_fd(&dir);
+        // SAFETY: as for the file-transfer worker below: dup2 (or clearing
+        // close-on-exec) in the forked child, on a descriptor it owns.
+        unsafe {
+            cmd.pre_exec(move || {
+                use nix::libc;
+                let r = if t == TASKS_DIR_FD { libc::fcntl(t, libc::F_SETFD, 0) } else { libc::dup2(t, TASKS_DIR_FD) };
+                if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+            });
+        }
+        let out = cmd.output()?;
+        drop(dir);
+        return Ok(parse_run(out));
+    }
     if role == "files" {
         // The supervisor will hand the file-transfer worker its two
         // directories pre-opened at fixed numbers; do the same.
@@ -311,7 +359,7 @@ pub fn run(as_json: bool) -> ExitCode {
     let support = snowluma_sandbox::Support::detect();
     let mut ok = true;
     let mut roles_out = Vec::new();
-    for role in ["supervisor", "spawner", "catalog", "network", "files"] {
+    for role in ["supervisor", "spawner", "catalog", "network", "files", "tasks"] {
         let mut report = Value::Null;
         let mut probes = Vec::new();
         for case in cases(role, &setup) {

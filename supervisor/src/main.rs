@@ -15,6 +15,7 @@ mod secret;
 mod server;
 mod spawner;
 mod stdio;
+mod tasks;
 mod tools;
 mod trace;
 mod transfers;
@@ -149,9 +150,6 @@ fn main() -> ExitCode {
             }
         }
     };
-    if config.task_dir.is_some() {
-        tracing::warn!("SNOWLUMA_MCP_TASK_DIR is set, but persistent tasks are not part of this build; ignoring it");
-    }
     // Confinement, before the runtime exists (Landlock restricts the calling
     // thread and its future children only).
     let support = Support::detect();
@@ -181,8 +179,30 @@ fn main() -> ExitCode {
     } else {
         None
     };
-    let write_dirs: Vec<std::os::fd::BorrowedFd<'_>> =
-        transfer_dirs.iter().map(|d| std::os::fd::AsFd::as_fd(&*d.download_fd)).collect();
+    // The task directory (write mode with transfers only): created 0700 and
+    // opened here; only the task-store worker works in it, through the
+    // descriptor.
+    let task_dir = match (&config.task_dir, &transfer_dirs) {
+        (None, _) => None,
+        (Some(_), None) => {
+            tracing::warn!(
+                "SNOWLUMA_MCP_TASK_DIR is set, but persistent tasks need write mode; the directory is not used"
+            );
+            None
+        }
+        (Some(dir), Some(_)) => match open_task_dir(dir) {
+            Ok(fd) => Some(Arc::new(fd)),
+            Err(e) => {
+                eprintln!("snowluma-mcp: configuration error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let write_dirs: Vec<std::os::fd::BorrowedFd<'_>> = transfer_dirs
+        .iter()
+        .map(|d| std::os::fd::AsFd::as_fd(&*d.download_fd))
+        .chain(task_dir.iter().map(|fd| std::os::fd::AsFd::as_fd(&**fd)))
+        .collect();
     // Name resolution needs /etc and sockets, which the confined supervisor
     // and executor lack: resolve the endpoint's host now.
     let resolved = resolve_endpoint(config.endpoint.as_deref().and_then(|e| config::http_endpoint(e).ok()));
@@ -216,6 +236,10 @@ fn main() -> ExitCode {
         }
     };
     secret::scrub_env(secret::TOKEN_VAR);
+    // The task directory's scope: a digest of the effective mode, endpoint
+    // and token, computed now, before the token is handed over and wiped.
+    // The task-store worker salts it again and stores only that.
+    let task_scope = task_dir.as_ref().map(|_| task_scope_digest(&config, token.as_deref().map(String::as_str)));
     // The supervisor's own confinement, its seccomp allow-list last: its
     // runtime and everything after run under it (the spawner, forked
     // earlier, is not bound by it).
@@ -241,6 +265,7 @@ fn main() -> ExitCode {
         }
     };
     let roles: Vec<Role> = match (config.endpoint.is_some() && config.mode.executes(), &transfer_dirs) {
+        (true, Some(_)) if task_dir.is_some() => vec![Role::Catalog, Role::Network, Role::Files, Role::Tasks],
         (true, Some(_)) => vec![Role::Catalog, Role::Network, Role::Files],
         (true, None) => vec![Role::Catalog, Role::Network],
         _ => vec![Role::Catalog],
@@ -258,7 +283,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let started = Started { config, policy, audit, grants, transfer_dirs, token, resolved, events_resolved };
+    let tasks = task_dir.zip(task_scope);
+    let started = Started { config, policy, audit, grants, transfer_dirs, tasks, token, resolved, events_resolved };
     match rt.block_on(run(started, (spawner_sock, spawner_pid))) {
         Ok(Ended::Finished) => ExitCode::SUCCESS,
         Ok(Ended::StdoutGone) | Ok(Ended::Broken) => ExitCode::FAILURE,
@@ -509,6 +535,34 @@ fn check_owned(fd: &std::os::fd::OwnedFd, private: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// Create (0700, the last component only) and open the task directory; it
+/// must be ours and private.
+fn open_task_dir(dir: &std::path::Path) -> Result<std::os::fd::OwnedFd, DirError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let bad = |problem: String| DirError { var: "SNOWLUMA_MCP_TASK_DIR", flag: "--task-dir", problem };
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(bad(format!("cannot be created: {e}"))),
+    }
+    let fd = open_dir(dir).map_err(|e| bad(format!("cannot be opened as a directory: {e}")))?;
+    check_owned(&fd, true).map_err(|p| bad(p.replace("SNOWLUMA_MCP_STREAM_DIR", "SNOWLUMA_MCP_TASK_DIR")))?;
+    Ok(fd)
+}
+
+/// The digest binding a task directory to this configuration: the effective
+/// mode, endpoint and token (never stored; the worker salts it again).
+fn task_scope_digest(config: &Config, token: Option<&str>) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"snowluma-mcp task directory scope\0");
+    for part in [config.mode.as_str(), config.endpoint.as_deref().unwrap_or(""), token.unwrap_or("")] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize().into()
+}
+
 /// Resolve and open the upload root, which must be an existing directory.
 fn open_upload_root(root: &std::path::Path) -> Result<(std::path::PathBuf, std::os::fd::OwnedFd), DirError> {
     let bad = |problem: String| DirError { var: "SNOWLUMA_MCP_UPLOAD_ROOT", flag: "--upload-root", problem };
@@ -534,6 +588,8 @@ struct Started {
     audit: Option<audit::AuditLog>,
     grants: WorkerGrants,
     transfer_dirs: Option<TransferDirs>,
+    /// The task directory's descriptor and the configuration's scope digest.
+    tasks: Option<(Arc<std::os::fd::OwnedFd>, [u8; 32])>,
     /// Moved into the network executor's configuration, then wiped.
     token: Option<zeroize::Zeroizing<String>>,
     resolved: Vec<std::net::SocketAddr>,
@@ -545,7 +601,7 @@ async fn run(
     started: Started,
     (spawner_sock, spawner_pid): (std::os::fd::OwnedFd, nix::unistd::Pid),
 ) -> Result<Ended, Box<dyn std::error::Error>> {
-    let Started { config, policy, audit, grants, transfer_dirs, mut token, resolved, events_resolved } = started;
+    let Started { config, policy, audit, grants, transfer_dirs, tasks, mut token, resolved, events_resolved } = started;
     let spawner = spawner::SpawnerClient::start(spawner_sock, spawner_pid)?;
     let spawner_gone = spawner.gone();
     let fatal = tokio_util::sync::CancellationToken::new();
@@ -597,6 +653,15 @@ async fn run(
     } else {
         None
     };
+    let task_slot = match (tasks, &files) {
+        (Some((fd, config_digest)), Some(_)) => Some(WorkerSlot::start(
+            Role::Tasks,
+            WorkerConfig::Tasks { config_digest },
+            spec.clone(),
+            Attach { fds: vec![(snowluma_proto::TASKS_DIR_FD, fd)], channel: None },
+        )),
+        _ => None,
+    };
     let transfer_service = match (&files, &network) {
         (Some(f), Some(n)) => Some(transfers::TransferService::new(
             f.clone(),
@@ -617,7 +682,7 @@ async fn run(
         "snowluma-mcp ready"
     );
     let slots: Vec<Arc<WorkerSlot>> =
-        std::iter::once(catalog.clone()).chain(network.clone()).chain(files.clone()).collect();
+        std::iter::once(catalog.clone()).chain(network.clone()).chain(files.clone()).chain(task_slot.clone()).collect();
     let continuations = completion::Continuations::new(completion::Continuations::clock_offset_from_env())?;
     // Live event resources: only with an events URL and a network executor.
     let hub = match (&network, &config.events_url) {
@@ -626,9 +691,29 @@ async fn run(
         }
         _ => None,
     };
-    let server =
-        SnowlumaServer::new(config, Workers { catalog, network }, policy, audit, transfer_service, continuations)
-            .with_events(hub.clone());
+    let task_service = task_slot.clone().map(tasks::TaskService::new);
+    if let Some(t) = task_service.clone() {
+        // The restart pass, at once: unfinished records of an earlier run
+        // become failed (unknown remote outcome). Errors are reported to
+        // every task call.
+        tokio::spawn(async move {
+            if let Err(e) = t.recover().await {
+                tracing::warn!(error = %e, "the task store cannot be used");
+            }
+        });
+    }
+    let server = SnowlumaServer::new(
+        config,
+        Workers { catalog, network },
+        policy,
+        audit,
+        server::Services {
+            transfers: transfer_service,
+            continuations,
+            tasks: task_service.clone(),
+            events: hub.clone(),
+        },
+    );
     let info = serde_json::to_value(server::implementation())?;
     let transport = transport::LineTransport::stdio(info);
     let stdout = transport.stdout_state();
@@ -656,6 +741,14 @@ async fn run(
                 session.cancel();
             });
             let r = running.waiting().await;
+            // Background transfers outlive the session that started them:
+            // their results go to the task store, read in a later session.
+            if let Some(t) = &task_service
+                && !spawner_gone.is_cancelled()
+                && !fatal.is_cancelled()
+            {
+                t.wait_idle().await;
+            }
             watcher.abort();
             match r {
                 Ok(_) if spawner_gone.is_cancelled() || fatal.is_cancelled() => Ok(Ended::Broken),

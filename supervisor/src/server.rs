@@ -64,6 +64,10 @@ pub struct SnowlumaServer {
     /// Live event resources, when `SNOWLUMA_MCP_EVENTS_URL` is configured
     /// (read and write modes).
     events: Option<Arc<EventHub>>,
+    /// Persistent background transfers (write mode with a task directory).
+    tasks: Option<Arc<crate::tasks::TaskService>>,
+    /// This server, for transfers that outlive their request.
+    me: std::sync::OnceLock<std::sync::Weak<SnowlumaServer>>,
 }
 
 /// What a `*_with_input` call answers: a result, or a request for input.
@@ -88,7 +92,7 @@ fn state_error(e: StateError) -> McpError {
     McpError::invalid_params(e.to_string(), None)
 }
 
-fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
+pub(crate) fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
     ctx.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
 }
 
@@ -167,16 +171,28 @@ pub fn render(reply: ToolReply, trace: &CallTrace) -> CallToolResult {
     out
 }
 
+/// The services a server may have beside its workers.
+pub struct Services {
+    /// File transfers (write mode with a download directory).
+    pub transfers: Option<Arc<TransferService>>,
+    /// Input-completion continuations (always).
+    pub continuations: completion::Continuations,
+    /// Persistent background transfers (write mode with a task directory).
+    pub tasks: Option<Arc<crate::tasks::TaskService>>,
+    /// Live event resources (with an events URL).
+    pub events: Option<Arc<EventHub>>,
+}
+
 impl SnowlumaServer {
     pub fn new(
         config: Arc<Config>,
         workers: Workers,
         policy: Policy,
         audit: Option<AuditLog>,
-        transfers: Option<Arc<TransferService>>,
-        continuations: completion::Continuations,
-    ) -> SnowlumaServer {
-        SnowlumaServer {
+        services: Services,
+    ) -> Arc<SnowlumaServer> {
+        let Services { transfers, continuations, tasks, events } = services;
+        let server = Arc::new(SnowlumaServer {
             config,
             workers,
             catalog: Catalog::bundled(),
@@ -184,14 +200,129 @@ impl SnowlumaServer {
             audit,
             transfers,
             continuations,
-            events: None,
-        }
+            events,
+            tasks,
+            me: std::sync::OnceLock::new(),
+        });
+        let _ = server.me.set(Arc::downgrade(&server));
+        server
     }
 
-    /// Serve live event resources through `hub`.
-    pub fn with_events(mut self, hub: Option<Arc<EventHub>>) -> SnowlumaServer {
-        self.events = hub;
-        self
+    /// `invoke_action_background`: the gates of `invoke_action`, stream
+    /// actions only, a place among the running transfers, the record written,
+    /// then the transfer in its own task.
+    async fn background(
+        &self,
+        spec: ToolSpec,
+        args: Value,
+        trace: &CallTrace,
+    ) -> Result<rmcp::model::CreateTaskResult, ToolReply> {
+        let Some(tasks) = &self.tasks else {
+            return Err(ToolReply::fail(FailureKind::Execution, "persistent tasks are not configured".to_owned()));
+        };
+        // Every gate (mode, endpoint, catalog, params, policy) is checked
+        // again by exec_call; this one only decides whether a task fits.
+        let parsed = gates::arguments(spec.name, args.clone())?;
+        let action = gates::catalog_action(self.catalog, &parsed.action)?;
+        if !action.stream {
+            return Err(ToolReply::error(
+                Diagnostics::failed(
+                    FailureKind::InvalidArguments,
+                    format!("{} is not a stream action; background tasks run only catalog stream actions", action.name),
+                )
+                .with_next_step("Use invoke_action for ordinary actions."),
+            ));
+        }
+        // A call that a gate or the policy refuses gets that refusal at once
+        // (through exec_call, which also audits a policy refusal), not a task.
+        if self.gated(spec, &args).is_none() {
+            return Err(self.exec_call(spec, args, trace, &CancellationToken::new(), None).await);
+        }
+        if action.transfer == Some(FileTransfer::Upload) && parsed.input_file().is_none() {
+            return Err(ToolReply::error(
+                Diagnostics::failed(
+                    FailureKind::InvalidArguments,
+                    "a background upload needs execution.input_file (the automatic upload); single chunks go through invoke_action".to_owned(),
+                )
+                .with_next_step("Pass execution.input_file with a file inside the upload root."),
+            ));
+        }
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return Err(ToolReply::fail(FailureKind::Execution, "the server is shutting down".to_owned()));
+        };
+        let Some(running) = tasks.reserve() else {
+            return Err(ToolReply::error(
+                Diagnostics::failed(
+                    FailureKind::Execution,
+                    format!(
+                        "{} background tasks are already running, the most allowed; nothing was started",
+                        crate::tasks::MAX_RUNNING
+                    ),
+                )
+                .with_next_step("Wait for a running task to finish (poll tasks/get), then start this one."),
+            ));
+        };
+        let record = match tasks.create(&running.id, &action.name).await {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(ToolReply::error(
+                    Diagnostics::failed(
+                        FailureKind::Execution,
+                        format!("the task could not be recorded, so nothing was started: {e}"),
+                    )
+                    .with_next_step("Use invoke_action, or fix the task directory (SNOWLUMA_MCP_TASK_DIR)."),
+                ));
+            }
+        };
+        let handle = rmcp::model::Task::new(
+            record.task_id.clone(),
+            rmcp::model::TaskStatus::Working,
+            record.created_at.clone(),
+            record.last_updated_at.clone(),
+        );
+        let mut handle = handle;
+        handle.status_message = record.status_message.clone();
+        handle.ttl_ms = None;
+        handle.poll_interval_ms = Some(crate::tasks::POLL_INTERVAL_MS);
+        let trace = trace.clone();
+        let service = tasks.clone();
+        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel();
+        let watcher = tasks.clone();
+        let watched = running.id.clone();
+        tokio::spawn(async move {
+            while let Some(p) = progress_rx.recv().await {
+                watcher.note_progress(&watched, p);
+            }
+        });
+        tokio::spawn(async move {
+            let running = running;
+            let reply = me.exec_task(spec, args, &trace, &running.cancel, progress_tx).await;
+            let cancelled = running.cancel.is_cancelled() && reply.diagnostics.kind == Some(FailureKind::Cancelled);
+            let mut record = record;
+            if cancelled {
+                record.status = snowluma_proto::task::TaskStatus::Cancelled;
+                record.status_message = Some(format!(
+                    "cancelled; {}",
+                    reply.diagnostics.message.clone().unwrap_or_else(|| "the transfer stopped".into())
+                ));
+            } else {
+                let failed_business = reply.diagnostics.outcome != snowluma_proto::Outcome::Success;
+                record.status = snowluma_proto::task::TaskStatus::Completed;
+                record.status_message = Some(if failed_business {
+                    "completed; the result reports a failure or an unknown outcome: see its diagnostics".into()
+                } else {
+                    "completed".into()
+                });
+                let rendered = render(reply, &trace);
+                record.result = serde_json::to_value(&rendered).ok();
+            }
+            if let Err(e) = service.finish(record).await {
+                tracing::error!(error = %e, "a finished background task could not be saved");
+            }
+            drop(running);
+            drop(me);
+        });
+        Ok(rmcp::model::CreateTaskResult::new(handle))
     }
 
     /// `subscribe_events` / `unsubscribe_events`.
@@ -245,7 +376,22 @@ impl SnowlumaServer {
         cancel: &CancellationToken,
         progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
     ) -> ToolReply {
-        match self.execute(spec, args, trace, cancel, progress).await {
+        match self.execute(spec, args, trace, cancel, progress, None).await {
+            Ok(reply) | Err(reply) => reply,
+        }
+    }
+
+    /// [`Self::exec_call`] for a background task: progress goes to
+    /// `task_progress` (what `tasks/get` shows) instead of the client.
+    async fn exec_task(
+        &self,
+        spec: ToolSpec,
+        args: Value,
+        trace: &CallTrace,
+        cancel: &CancellationToken,
+        task_progress: tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>,
+    ) -> ToolReply {
+        match self.execute(spec, args, trace, cancel, None, Some(task_progress)).await {
             Ok(reply) | Err(reply) => reply,
         }
     }
@@ -257,6 +403,7 @@ impl SnowlumaServer {
         trace: &CallTrace,
         cancel: &CancellationToken,
         progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
+        task_progress: Option<tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>>,
     ) -> Result<ToolReply, ToolReply> {
         let tool = spec.name;
         let mut args = gates::arguments(tool, args)?;
@@ -317,7 +464,7 @@ impl SnowlumaServer {
             write: !action.read_only,
             trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
             transfer: None,
-            progress: progress.is_some() && action.stream,
+            progress: (progress.is_some() || task_progress.is_some()) && action.stream,
             file_action: action.transfer.map(|t| match t {
                 FileTransfer::Upload => FileAction::Upload,
                 FileTransfer::Download => FileAction::Download,
@@ -329,7 +476,7 @@ impl SnowlumaServer {
             }
             _ => None,
         };
-        let progress_tx = forwarder.as_ref().and_then(|f| f.sender());
+        let progress_tx = forwarder.as_ref().and_then(|f| f.sender()).or(task_progress);
         let mut reply = match (transfer, &self.transfers) {
             (Some(plan), Some(service)) => service.clone().run(plan, exec, cancel.clone(), progress_tx).await,
             _ => tool_reply(
@@ -584,8 +731,53 @@ impl SnowlumaServer {
         }
     }
 
+    async fn list_tasks(&self, args: Value) -> ToolReply {
+        let Some(tasks) = &self.tasks else {
+            return ToolReply::fail(FailureKind::Execution, "persistent tasks are not configured".to_owned());
+        };
+        let cursor = match args.get("cursor") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) => Some(c.clone()),
+            Some(_) => return ToolReply::fail(FailureKind::InvalidArguments, "cursor must be a string".to_owned()),
+        };
+        let limit = match args.get("limit") {
+            None | Some(Value::Null) => 50,
+            Some(v) => match v.as_u64() {
+                Some(n @ 1..=100) => n as u32,
+                _ => {
+                    return ToolReply::fail(
+                        FailureKind::InvalidArguments,
+                        "limit must be an integer from 1 to 100".to_owned(),
+                    );
+                }
+            },
+        };
+        if let Some(extra) = args.as_object().and_then(|o| o.keys().find(|k| *k != "cursor" && *k != "limit")) {
+            return ToolReply::fail(
+                FailureKind::InvalidArguments,
+                format!("unknown argument {}", snowluma_catalog::echo(extra)),
+            );
+        }
+        match tasks.list(cursor, limit).await {
+            Ok(page) => ToolReply::ok(&page),
+            Err(e) => ToolReply::fail(FailureKind::Execution, e.to_string()),
+        }
+    }
+
     async fn runtime_info(&self, args: Value, cancel: &CancellationToken, trace: &CallTrace) -> ToolReply {
         crate::runtime::runtime_info(self, args, cancel, trace).await
+    }
+
+    fn tasks_for(&self, ctx: &RequestContext<RoleServer>) -> Result<&crate::tasks::TaskService, McpError> {
+        match &self.tasks {
+            None => Err(McpError::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                "persistent tasks are not configured on this server",
+                None,
+            )),
+            Some(_) if !crate::tasks::declared(ctx) => Err(crate::tasks::not_declared()),
+            Some(t) => Ok(t),
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -610,15 +802,30 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Error(_) => "error",
         Reply::Files(_) => "files",
         Reply::EventsClosed { .. } => "events closed",
+        Reply::Tasks(_) => "tasks",
     }
 }
 
 impl ServerHandler for SnowlumaServer {
     fn get_info(&self) -> ServerConfig {
-        let caps = ServerCapabilities::builder().enable_tools().enable_resources();
+        let mut caps = ServerCapabilities::builder().enable_tools().enable_resources().build();
         // Resource subscriptions (modern listen, legacy subscribe) exist
-        // only for live event resources.
-        let caps = if self.events.is_some() { caps.enable_resources_subscribe().build() } else { caps.build() };
+        // only for live event resources; tasks only with a task directory.
+        if self.events.is_some() {
+            caps = ServerCapabilities::builder().enable_tools().enable_resources().enable_resources_subscribe().build();
+        }
+        if self.tasks.is_some() {
+            caps = if self.events.is_some() {
+                ServerCapabilities::builder()
+                    .enable_tools()
+                    .enable_resources()
+                    .enable_resources_subscribe()
+                    .enable_tasks()
+                    .build()
+            } else {
+                ServerCapabilities::builder().enable_tools().enable_resources().enable_tasks().build()
+            };
+        }
         ServerConfig::new(caps)
             .with_server_info(implementation())
             .with_instructions(
@@ -640,7 +847,11 @@ impl ServerHandler for SnowlumaServer {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut res = ListToolsResult::with_all_items(tools::listed(self.config.mode, self.events.is_some()));
+        let mut listed = tools::listed(self.config.mode, self.events.is_some());
+        if self.tasks.is_some() && crate::tasks::declared(&ctx) {
+            listed.extend(tools::TASK_TOOLS.iter().copied().map(tools::definition));
+        }
+        let mut res = ListToolsResult::with_all_items(listed);
         if is_modern(&ctx) {
             res = res.with_ttl_ms(CACHE_TTL_MS).with_cache_scope(CacheScope::Private);
         }
@@ -670,6 +881,32 @@ impl ServerHandler for SnowlumaServer {
             return Err(state_error(StateError::Foreign));
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
+        let task_tool = matches!(spec.handler, Handler::Background | Handler::ListTasks);
+        if task_tool && (self.tasks.is_none() || !crate::tasks::declared(&ctx)) {
+            if self.tasks.is_none() {
+                return Err(McpError::invalid_params(
+                    format!("unknown tool {}: persistent tasks are not configured", spec.name),
+                    None,
+                ));
+            }
+            return Err(crate::tasks::not_declared());
+        }
+        if spec.handler == Handler::Background && spec.modes.contains(self.config.mode) {
+            let reply = match self.background(spec, args, &trace).await {
+                Ok(task) => {
+                    tracing::info!(
+                        tool = spec.name,
+                        traceparent = %trace.traceparent,
+                        outcome = "task",
+                        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+                        "tool call"
+                    );
+                    return Ok(CallToolResponse::Task(task));
+                }
+                Err(reply) => reply,
+            };
+            return Ok(render(reply, &trace).into());
+        }
         let reply = if !spec.modes.contains(self.config.mode) {
             gates::mode_refusal(spec.name, spec.modes.need(), self.config.mode)
         } else {
@@ -700,6 +937,10 @@ impl ServerHandler for SnowlumaServer {
                     Some(hub) => self.events_call(hub, spec.handler, args).await,
                     None => ToolReply::fail(FailureKind::NotConfigured, "event resources are not configured"),
                 },
+                Handler::Background => {
+                    ToolReply::fail(FailureKind::Execution, "background tasks need write mode".to_owned())
+                }
+                Handler::ListTasks => self.list_tasks(args).await,
             }
         };
         // One diagnostic line per call: never arguments, contents, tokens or paths.
@@ -715,6 +956,42 @@ impl ServerHandler for SnowlumaServer {
             "tool call"
         );
         Ok(render(reply, &trace).into())
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+        let tasks = self.tasks_for(&ctx)?;
+        let mut record = tasks.get(&request.task_id).await.map_err(|e| e.to_mcp())?;
+        if record.status == snowluma_proto::task::TaskStatus::Working
+            && let Some(m) = tasks.progress_message(&record.task_id)
+        {
+            record.status_message = Some(m);
+        }
+        tasks.detailed(record)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let tasks = self.tasks_for(&ctx)?;
+        tasks.cancel(&request.task_id).await.map(|_| ()).map_err(|e| e.to_mcp())
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let tasks = self.tasks_for(&ctx)?;
+        // Background transfers never request input: there is no outstanding
+        // input request to answer, so every response is ignored (the spec's
+        // rule for unknown keys); an unknown task is an error.
+        tasks.get(&request.task_id).await.map(|_| ()).map_err(|e| e.to_mcp())
     }
 
     async fn list_resources(

@@ -38,6 +38,10 @@ pub enum Handler {
     SubscribeEvents,
     /// `unsubscribe_events`: release one; likewise.
     UnsubscribeEvents,
+    /// `invoke_action_background`: a stream action as a persistent task (`tasks.rs`).
+    Background,
+    /// `list_tasks`: task metadata from the task store.
+    ListTasks,
 }
 
 /// The modes in which a tool is listed and callable.
@@ -211,6 +215,55 @@ pub const TOOLS: [ToolSpec; 11] = [
     UNSUBSCRIBE_EVENTS,
 ];
 
+/// `invoke_action_background`: listed only to 2026-07-28 requests that
+/// declare the tasks extension, on a server with a usable task directory.
+pub const INVOKE_ACTION_BACKGROUND: ToolSpec = ToolSpec {
+    name: "invoke_action_background",
+    description: "Like invoke_action (write mode), but only for catalog stream actions (downloads, generic streams, upload_file_stream with execution.input_file), run as a persistent background task: the task record is written before work starts and the call returns a task handle at once. Poll tasks/get for the state and the saved result. Never retried or replayed.",
+    modes: Modes::WRITE,
+    input_schema: exec_input,
+    result_schema: invoke_result_schema,
+    hints: Hints { read_only: false, destructive: true, open_world: true },
+    handler: Handler::Background,
+};
+
+/// `list_tasks`: metadata of persisted tasks, no result bodies.
+pub const LIST_TASKS: ToolSpec = ToolSpec {
+    name: "list_tasks",
+    description: "List persisted background tasks (metadata only, no results), oldest first. Optional cursor (from nextCursor) and limit 1-100 (default 50).",
+    modes: Modes::WRITE,
+    input_schema: list_tasks_input,
+    result_schema: list_tasks_schema,
+    hints: Hints { read_only: true, destructive: false, open_world: false },
+    handler: Handler::ListTasks,
+};
+
+/// The task tools, listed apart from [`TOOLS`]: only for requests that
+/// declare the tasks extension.
+pub const TASK_TOOLS: [ToolSpec; 2] = [INVOKE_ACTION_BACKGROUND, LIST_TASKS];
+
+fn list_tasks_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "cursor": {"type": "string", "description": "nextCursor of the previous page."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 50}
+        },
+        "additionalProperties": false
+    })
+}
+
+fn list_tasks_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "tasks": {"type": "array", "items": {"type": "object"}},
+            "nextCursor": nullable(json!({"type": "string"}))
+        },
+        "required": ["tasks"]
+    })
+}
+
 impl Handler {
     /// The tool runs read-only actions only (`query_action` and its form variant).
     pub fn read_only_tool(self) -> bool {
@@ -224,7 +277,7 @@ impl Handler {
 }
 
 pub fn find(name: &str) -> Option<ToolSpec> {
-    TOOLS.iter().copied().find(|t| t.name == name)
+    TOOLS.iter().chain(TASK_TOOLS.iter()).copied().find(|t| t.name == name)
 }
 
 fn obj(v: Value) -> Arc<JsonObject> {
@@ -482,13 +535,13 @@ mod tests {
 
     #[test]
     fn modes_match_the_handlers() {
-        for t in TOOLS {
+        for t in TOOLS.iter().chain(TASK_TOOLS.iter()) {
             let expected = match t.handler {
                 Handler::Doc | Handler::RuntimeInfo => Modes::ALL,
                 Handler::Query | Handler::QueryWithInput | Handler::SubscribeEvents | Handler::UnsubscribeEvents => {
                     Modes::READ_WRITE
                 }
-                Handler::Invoke | Handler::InvokeWithInput => Modes::WRITE,
+                Handler::Invoke | Handler::InvokeWithInput | Handler::Background | Handler::ListTasks => Modes::WRITE,
             };
             assert_eq!(t.modes, expected, "{}", t.name);
         }

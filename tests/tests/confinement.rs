@@ -28,7 +28,7 @@ fn doctor_blocks_every_escape_probe_for_every_role() {
     assert!(out.status.success(), "doctor failed: {doc:#}");
     assert_eq!(doc["ok"], true, "{doc:#}");
     let roles: Vec<&str> = doc["roles"].as_array().unwrap().iter().map(|r| r["role"].as_str().unwrap()).collect();
-    assert_eq!(roles, ["supervisor", "spawner", "catalog", "network", "files"]);
+    assert_eq!(roles, ["supervisor", "spawner", "catalog", "network", "files", "tasks"]);
     for r in doc["roles"].as_array().unwrap() {
         let c = &r["confinement"];
         assert_eq!(c["landlock"]["status"], "fully_enforced", "{r:#}");
@@ -69,9 +69,14 @@ fn doctor_blocks_every_escape_probe_for_every_role() {
 
 #[test]
 fn a_probe_that_makes_a_forbidden_syscall_is_killed_by_sigsys() {
-    for (role, probe) in
-        [("catalog", "new-socket"), ("catalog", "exec-shell"), ("network", "exec-shell"), ("files", "new-socket")]
-    {
+    for (role, probe) in [
+        ("catalog", "new-socket"),
+        ("catalog", "exec-shell"),
+        ("network", "exec-shell"),
+        ("files", "new-socket"),
+        ("tasks", "new-socket"),
+        ("tasks", "exec-shell"),
+    ] {
         let out = Command::new(bin_path())
             .args(["__snowluma-probe", role, probe, "ports=9"])
             .env_clear()
@@ -310,4 +315,52 @@ fn the_supervisor_itself_runs_under_no_new_privs_and_its_seccomp_filter() {
     let sup = &structured(&info)["result"]["confinement"]["supervisor"];
     assert_eq!(sup["seccomp"], true, "{info}");
     assert_eq!(sup["landlock"]["status"], "fully_enforced", "{info}");
+}
+
+/// The task-store worker is confined like every worker, and it alone holds
+/// the task directory's lease and records open.
+#[test]
+fn only_the_task_store_worker_holds_the_task_directory() {
+    let fake = Fake::start(None);
+    let url = fake.fake.url();
+    let dir = std::env::temp_dir().join(format!("snowluma-e2e-conf-tasks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let tasks = dir.join("tasks");
+    let td = tasks.display().to_string();
+    let sd = dir.join("downloads").display().to_string();
+    let mut s = Mcp::spawn(&[
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_STREAM_DIR", sd.as_str()),
+        ("SNOWLUMA_MCP_TASK_DIR", td.as_str()),
+    ]);
+    s.initialize("2025-11-25");
+    let pid = s.wait_worker("tasks");
+    wait_until("the lease file exists", || tasks.join("lease").exists().then_some(()));
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let tid: i32 = task.unwrap().file_name().to_str().unwrap().parse().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
+        assert!(status.lines().any(|l| l == "NoNewPrivs:\t1"), "tasks task {tid}: {status}");
+        assert!(status.lines().any(|l| l == "Seccomp:\t2"), "tasks task {tid}: {status}");
+    }
+    for caps in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+        assert_eq!(status_field(pid, caps).trim_start_matches('0'), "", "tasks keeps {caps}");
+    }
+    let lease = std::fs::canonicalize(tasks.join("lease")).unwrap();
+    let holders: Vec<i32> = std::iter::once(s.child.id() as i32)
+        .chain(s.worker_pids())
+        .filter(|p| {
+            std::fs::read_dir(format!("/proc/{p}/fd"))
+                .map(|fds| fds.flatten().any(|f| std::fs::read_link(f.path()).is_ok_and(|l| l == lease)))
+                .unwrap_or(false)
+        })
+        .collect();
+    assert_eq!(holders, vec![pid], "only the task-store worker holds the lease");
+    let info = s.call("get_runtime_info", json!({}));
+    let c = &structured(&info)["result"]["confinement"];
+    assert_eq!(c["workers"]["tasks"]["landlock"]["status"], "fully_enforced", "{c:#}");
+    assert_eq!(c["workers"]["tasks"]["seccomp"], true, "{c:#}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }

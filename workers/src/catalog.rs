@@ -79,7 +79,9 @@ impl RoleHandler for CatalogWorker {
                 Ok(text) => Reply::Resource(ResourceReply { uri, mime_type: "application/json".into(), text }),
                 Err(_) => Reply::Error(WorkerError::ResourceNotFound(snowluma_catalog::echo(&uri))),
             },
-            Request::Execute(_) | Request::Files(_) | Request::Events { .. } => Reply::Error(WorkerError::Unsupported),
+            Request::Execute(_) | Request::Files(_) | Request::Events { .. } | Request::Tasks(_) => {
+                Reply::Error(WorkerError::Unsupported)
+            }
         }
     }
 }

@@ -12,6 +12,7 @@ mod files;
 mod http1;
 mod network;
 mod serve;
+mod tasks;
 mod transfer;
 
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -43,6 +44,7 @@ pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
     // root) is a free number that the runtime's epoll or eventfd would take,
     // and claiming that would close the runtime's descriptor twice.
     let files = (role == Role::Files).then(files::FilesWorker::from_inherited);
+    let tasks = (role == Role::Tasks).then(tasks::TasksWorker::from_inherited);
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -75,7 +77,10 @@ pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
                 Some(files) => serve::serve(fd, role, files).await,
                 None => Err(serve::ServeError::RoleNotBuilt(role)),
             },
-            Role::Tasks => Err(serve::ServeError::RoleNotBuilt(role)),
+            Role::Tasks => match tasks {
+                Some(tasks) => serve::serve(fd, role, tasks).await,
+                None => Err(serve::ServeError::RoleNotBuilt(role)),
+            },
         }
     });
     match result {

@@ -1,9 +1,33 @@
-//! The task-store worker's profile (not built yet).
+//! The task-store worker's profile: files beneath the task directory's
+//! descriptor only (Landlock decides which), no network, no exec.
 
-use super::Allow;
+use nix::libc;
 
-/// The task store is not built yet; until it is, it gets the base only.
-pub const TASKS: &[Allow] = &[];
+use super::{Allow, any};
+use crate::fds::TASKS_DIR_FD;
 
-/// Descriptors it keeps beyond 0–3: none.
-pub const KEPT_FDS: &[i32] = &[];
+/// The task store: reads, writes, links, renames and removes records
+/// beneath its directory descriptor, syncs them, and holds the directory's
+/// lease (`flock`, std's `File::try_lock`).
+pub const TASKS: &[Allow] = &[
+    any("fstat", libc::SYS_fstat),
+    any("statx", libc::SYS_statx),
+    any("newfstatat", libc::SYS_newfstatat),
+    any("lseek", libc::SYS_lseek),
+    any("openat", libc::SYS_openat),
+    any("getdents64", libc::SYS_getdents64),
+    any("linkat", libc::SYS_linkat),
+    any("unlinkat", libc::SYS_unlinkat),
+    // std::fs's path form (doctor's control probe); Landlock decides which paths.
+    any("unlink", libc::SYS_unlink),
+    any("renameat", libc::SYS_renameat),
+    any("renameat2", libc::SYS_renameat2),
+    any("fsync", libc::SYS_fsync),
+    any("fdatasync", libc::SYS_fdatasync),
+    any("flock", libc::SYS_flock),
+    // Records and the directory must belong to this user.
+    any("geteuid", libc::SYS_geteuid),
+];
+
+/// Descriptors it keeps beyond 0–3: 4, the task directory (read-write).
+pub const KEPT_FDS: &[i32] = &[TASKS_DIR_FD];

@@ -16,7 +16,7 @@ use serde::Serialize;
 use snowluma_proto::Role;
 
 use super::ConfineError;
-use crate::fds::{self, FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, WORKER_IPC_FD};
+use crate::fds::{self, FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, TASKS_DIR_FD, WORKER_IPC_FD};
 use crate::landlock::{self, Enforcement, LandlockReport};
 use crate::{policy, rlimits, seccomp};
 
@@ -71,6 +71,10 @@ impl Grants {
             if landlock::is_dir(unsafe { landlock::borrow(FILES_DOWNLOAD_DIR_FD) }) {
                 g.write_dir_fds.push(FILES_DOWNLOAD_DIR_FD);
             }
+        }
+        // SAFETY: as above: the task directory is only fstat'ed.
+        if role == Role::Tasks && landlock::is_dir(unsafe { landlock::borrow(TASKS_DIR_FD) }) {
+            g.write_dir_fds.push(TASKS_DIR_FD);
         }
         Ok(g)
     }
@@ -176,7 +180,7 @@ pub fn confine_worker(role: Role, grants: &Grants) -> Result<WorkerReport, Confi
     let mut grant = landlock::Grant { connect_tcp: Vec::new(), fs: Vec::new() };
     match role {
         Role::Network => grant.connect_tcp = grants.tcp_ports.clone(),
-        Role::Files => {
+        Role::Files | Role::Tasks => {
             for fd in &grants.read_dir_fds {
                 // SAFETY: the descriptor was checked open (a directory) by
                 // Grants::from_args and is kept by close_all_except.
@@ -193,7 +197,7 @@ pub fn confine_worker(role: Role, grants: &Grants) -> Result<WorkerReport, Confi
                 });
             }
         }
-        Role::Catalog | Role::Tasks => {}
+        Role::Catalog => {}
     }
     let ll = landlock::restrict(&grant)?;
     if ll.status != Enforcement::FullyEnforced && !grants.allow_unconfined {

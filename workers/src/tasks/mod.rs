@@ -1,0 +1,119 @@
+//! The task-store worker: the only process that opens the task directory
+//! (descriptor 4, Landlock read-write beneath it and nothing else).
+//!
+//! It opens the store when configured: the lease, the scope check and the
+//! restart pass (unfinished records become failed with an "unknown remote
+//! outcome"). If that fails (another runtime holds the lease, the directory
+//! belongs to another configuration, a record is corrupt), the worker still
+//! serves, answering every request with the reason, so that the supervisor
+//! refuses task tools clearly while every other tool keeps working.
+
+pub mod store;
+
+use std::os::fd::OwnedFd;
+use std::sync::{Mutex, OnceLock};
+
+use snowluma_proto::{JsonText, Reply, Request, TASKS_DIR_FD, TasksReply, TasksRequest, WorkerConfig, WorkerError};
+
+use crate::serve::{Ctx, RoleHandler};
+use store::{StoreError, TaskRecord, TaskStore};
+
+pub struct TasksWorker {
+    dir: Mutex<Option<OwnedFd>>,
+    store: OnceLock<Result<TaskStore, String>>,
+}
+
+impl TasksWorker {
+    /// Claims the inherited directory descriptor. Call once, at startup.
+    pub fn from_inherited() -> TasksWorker {
+        TasksWorker { dir: Mutex::new(store::inherited_dir(TASKS_DIR_FD)), store: OnceLock::new() }
+    }
+
+    fn refused(e: &StoreError) -> TasksReply {
+        match e {
+            StoreError::NotFound => TasksReply::NotFound,
+            e => TasksReply::Refused { reason: e.to_string() },
+        }
+    }
+
+    fn serve(store: &TaskStore, req: TasksRequest) -> TasksReply {
+        let parse = |text: &JsonText| -> Result<TaskRecord, StoreError> {
+            serde_json::from_str(&text.0)
+                .map_err(|e| StoreError::Corrupt { what: "the record to write", reason: e.to_string() })
+        };
+        let result = match req {
+            TasksRequest::Create { record } => {
+                parse(&record).and_then(|r| store.put(&r, true)).map(|()| TasksReply::Written)
+            }
+            TasksRequest::Update { record } => parse(&record)
+                .and_then(|r| {
+                    // Only an existing record is replaced, and never a finished one.
+                    let old = store.get(&r.task_id)?;
+                    if old.status.is_terminal() {
+                        return Err(StoreError::Exists);
+                    }
+                    store.put(&r, false)
+                })
+                .map(|()| TasksReply::Written),
+            TasksRequest::Recover => store.fail_unfinished().map(|failed| {
+                if failed > 0 {
+                    tracing::warn!(
+                        failed,
+                        "unfinished tasks from an earlier run were marked failed (unknown remote outcome)"
+                    );
+                }
+                TasksReply::Recovered { failed: failed as u64 }
+            }),
+            TasksRequest::Get { task_id } => store.get(&task_id).and_then(|r| {
+                serde_json::to_value(&r)
+                    .map(|v| TasksReply::Record(JsonText::from_value(&v)))
+                    .map_err(|e| StoreError::Corrupt { what: "a task record", reason: e.to_string() })
+            }),
+            TasksRequest::List { cursor, limit } => {
+                store.list(cursor.as_deref(), limit.clamp(1, 100) as usize).and_then(|page| {
+                    serde_json::to_value(&page.tasks)
+                        .map(|v| TasksReply::Page { tasks: JsonText::from_value(&v), next_cursor: page.next_cursor })
+                        .map_err(|e| StoreError::Corrupt { what: "a task record", reason: e.to_string() })
+                })
+            }
+        };
+        match result {
+            Ok(r) => r,
+            Err(StoreError::Exists) => TasksReply::Refused { reason: "the task already exists or has finished".into() },
+            Err(e) => Self::refused(&e),
+        }
+    }
+}
+
+impl RoleHandler for TasksWorker {
+    fn configure(&self, config: WorkerConfig) -> Result<(), String> {
+        let WorkerConfig::Tasks { config_digest } = config else {
+            return Err("the task-store worker needs a tasks configuration".into());
+        };
+        let dir = self
+            .dir
+            .lock()
+            .map_err(|_| "the task directory descriptor is unavailable".to_owned())?
+            .take()
+            .ok_or_else(|| "no task directory descriptor".to_owned())?;
+        let opened = match TaskStore::open(dir, &config_digest) {
+            Ok(store) => Ok(store),
+            Err(e) => {
+                tracing::warn!(error = %e, "the task store cannot be used");
+                Err(e.to_string())
+            }
+        };
+        self.store.set(opened).map_err(|_| "already configured".to_owned())
+    }
+
+    async fn handle(&self, request: Request, _ctx: Ctx) -> Reply {
+        let Request::Tasks(req) = request else {
+            return Reply::Error(WorkerError::Unsupported);
+        };
+        Reply::Tasks(match self.store.get() {
+            Some(Ok(store)) => Self::serve(store, req),
+            Some(Err(reason)) => TasksReply::Refused { reason: reason.clone() },
+            None => TasksReply::Refused { reason: "the task store is not configured".into() },
+        })
+    }
+}
