@@ -16,6 +16,7 @@ pub mod msg;
 pub mod outcome;
 pub mod sockio;
 pub mod task;
+pub mod text;
 
 pub use frame::{FrameError, MAX_FRAME_BYTES, read_frame, write_frame};
 pub use msg::*;

@@ -57,19 +57,7 @@ pub fn args_digest(tool: &str, args: &Value) -> String {
     hex(&h.finalize())
 }
 
-fn canonical(v: &Value) -> String {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            let parts: Vec<String> =
-                keys.iter().map(|k| format!("{}:{}", Value::String((*k).clone()), canonical(&m[*k]))).collect();
-            format!("{{{}}}", parts.join(","))
-        }
-        Value::Array(a) => format!("[{}]", a.iter().map(canonical).collect::<Vec<_>>().join(",")),
-        other => other.to_string(),
-    }
-}
+use snowluma_proto::text::canonical_json as canonical;
 
 /// The message of the form: the action and what is missing.
 pub fn form_message(action: &Action, missing: &[String]) -> String {
