@@ -259,10 +259,8 @@ impl Continuations {
             .map_err(|e| e.to_string())
     }
 
-    /// Open and consume a continuation for the call `(tool, digest)`. The
-    /// one-time id is removed before this returns, so nothing can redeem it
-    /// again, whatever happens next.
-    pub fn redeem(&self, sealed: &str, tool: &str, digest: &str) -> Result<State, StateError> {
+    /// Open a continuation and check that it belongs to the call `(tool, digest)`.
+    fn open(&self, sealed: &str, tool: &str, digest: &str) -> Result<State, StateError> {
         let state: State = self.codec.open_json_with(sealed, SEAL_AD).map_err(|e| match e {
             rmcp::model::RequestStateError::Expired => StateError::Expired,
             _ => StateError::Tampered,
@@ -270,30 +268,33 @@ impl Continuations {
         if state.tool != tool || state.digest != digest {
             return Err(StateError::Foreign);
         }
-        let mut p = self.pending.lock().map_err(|_| StateError::Tampered)?;
-        match p.remove(&state.id) {
+        Ok(state)
+    }
+
+    /// Whether a one-time id found in the map is still valid.
+    fn live(&self, expires: Option<Instant>) -> Result<(), StateError> {
+        match expires {
             None => Err(StateError::Reused),
             Some(expires) if expires <= self.now() => Err(StateError::Expired),
-            Some(_) => Ok(state),
+            Some(_) => Ok(()),
         }
+    }
+
+    /// Open and consume a continuation for the call `(tool, digest)`. The
+    /// one-time id is removed before this returns, so nothing can redeem it
+    /// again, whatever happens next.
+    pub fn redeem(&self, sealed: &str, tool: &str, digest: &str) -> Result<State, StateError> {
+        let state = self.open(sealed, tool, digest)?;
+        let mut p = self.pending.lock().map_err(|_| StateError::Tampered)?;
+        self.live(p.remove(&state.id)).map(|()| state)
     }
 
     /// Peek at a continuation without consuming it (a retry that carries no
     /// answer is asked again with the same state).
     pub fn check(&self, sealed: &str, tool: &str, digest: &str) -> Result<State, StateError> {
-        let state: State = self.codec.open_json_with(sealed, SEAL_AD).map_err(|e| match e {
-            rmcp::model::RequestStateError::Expired => StateError::Expired,
-            _ => StateError::Tampered,
-        })?;
-        if state.tool != tool || state.digest != digest {
-            return Err(StateError::Foreign);
-        }
+        let state = self.open(sealed, tool, digest)?;
         let p = self.pending.lock().map_err(|_| StateError::Tampered)?;
-        match p.get(&state.id) {
-            None => Err(StateError::Reused),
-            Some(expires) if *expires <= self.now() => Err(StateError::Expired),
-            Some(_) => Ok(state),
-        }
+        self.live(p.get(&state.id).copied()).map(|()| state)
     }
 }
 

@@ -808,24 +808,16 @@ fn reply_kind(r: &Reply) -> &'static str {
 
 impl ServerHandler for SnowlumaServer {
     fn get_info(&self) -> ServerConfig {
-        let mut caps = ServerCapabilities::builder().enable_tools().enable_resources().build();
         // Resource subscriptions (modern listen, legacy subscribe) exist
         // only for live event resources; tasks only with a task directory.
+        let mut caps = ServerCapabilities::builder().enable_tools().enable_resources();
         if self.events.is_some() {
-            caps = ServerCapabilities::builder().enable_tools().enable_resources().enable_resources_subscribe().build();
+            caps = caps.enable_resources_subscribe();
         }
         if self.tasks.is_some() {
-            caps = if self.events.is_some() {
-                ServerCapabilities::builder()
-                    .enable_tools()
-                    .enable_resources()
-                    .enable_resources_subscribe()
-                    .enable_tasks()
-                    .build()
-            } else {
-                ServerCapabilities::builder().enable_tools().enable_resources().enable_tasks().build()
-            };
+            caps = caps.enable_tasks();
         }
+        let caps = caps.build();
         ServerConfig::new(caps)
             .with_server_info(implementation())
             .with_instructions(

@@ -62,6 +62,37 @@ pub struct SupervisorReport {
     pub capabilities: &'static str,
 }
 
+/// The common end of the supervisor's and the spawner's sequence: refuse a
+/// weak Landlock domain unless the operator opted out, install the seccomp
+/// filters (`install`; a failure is logged and reported with the opt-out,
+/// an error without it), and the report.
+fn finish(
+    who: &str,
+    landlock: LandlockReport,
+    install: impl FnOnce() -> Result<usize, SeccompError>,
+    allow_unconfined: bool,
+) -> Result<SupervisorReport, ConfineError> {
+    if landlock.status != crate::landlock::Enforcement::FullyEnforced && !allow_unconfined {
+        return Err(ConfineError::LandlockWeak(landlock.status.as_str(), landlock.kernel_abi));
+    }
+    let seccomp = match install() {
+        Ok(_) => true,
+        Err(e) if allow_unconfined => {
+            tracing::warn!(error = %e, "the {who}'s seccomp filter is not installed; continuing ({})", crate::support::ALLOW_UNCONFINED_VAR);
+            false
+        }
+        Err(e) => return Err(ConfineError::SeccompNotInstalled(e)),
+    };
+    Ok(SupervisorReport {
+        landlock,
+        seccomp,
+        no_new_privs: true,
+        dumpable: false,
+        rlimit_core_zero: true,
+        capabilities: "none",
+    })
+}
+
 fn open(path: &str, what: &'static str) -> Result<OwnedFd, ConfineError> {
     std::fs::File::open(path).map(OwnedFd::from).map_err(|source| ConfineError::Open { what, source })
 }

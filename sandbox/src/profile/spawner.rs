@@ -10,7 +10,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::{ConfineError, SupervisorReport, open};
 use crate::fds::SPAWNER_EXE_FD;
-use crate::landlock::{self as ll, Enforcement, FsRule, Grant};
+use crate::landlock::{self as ll, FsRule, Grant};
 use crate::{rlimits, seccomp};
 
 /// What the spawner is granted: its workers' union.
@@ -139,22 +139,7 @@ pub fn confine_spawner(grants: &SpawnerGrants<'_>) -> Result<SupervisorReport, C
         fs.push(FsRule { fd: *fd, access: ll::write_dir_access() });
     }
     let landlock = ll::restrict(&Grant { fs, connect_tcp: grants.tcp_ports.clone() })?;
-    if landlock.status != Enforcement::FullyEnforced && !grants.allow_unconfined {
-        return Err(ConfineError::LandlockWeak(landlock.status.as_str(), landlock.kernel_abi));
-    }
-    let seccomp = match seccomp::apply_spawner() {
-        Ok(_) => true,
-        Err(_) if grants.allow_unconfined => false,
-        Err(e) => return Err(ConfineError::SeccompNotInstalled(e)),
-    };
-    Ok(SupervisorReport {
-        landlock,
-        seccomp,
-        no_new_privs: true,
-        dumpable: false,
-        rlimit_core_zero: true,
-        capabilities: "none",
-    })
+    super::finish("spawner", landlock, seccomp::apply_spawner, grants.allow_unconfined)
 }
 
 /// Put the executable at [`SPAWNER_EXE_FD`] (close-on-exec), which must be

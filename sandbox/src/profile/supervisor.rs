@@ -8,8 +8,7 @@
 use std::os::fd::AsFd;
 
 use super::{ConfineError, SupervisorReport, open};
-use crate::landlock::{self as ll, Enforcement, FsRule, Grant};
-use crate::support::ALLOW_UNCONFINED_VAR;
+use crate::landlock::{self as ll, FsRule, Grant};
 use crate::{rlimits, seccomp};
 
 /// Confine the supervisor proper, after the spawner was forked: it starts
@@ -37,23 +36,5 @@ pub fn confine_supervisor(allow_unconfined: bool) -> Result<SupervisorReport, Co
     let fs = vec![FsRule { fd: root.as_fd(), access: ll::read_dir_access() }];
     let landlock = ll::restrict(&Grant { fs, connect_tcp: Vec::new() })?;
     drop(root);
-    if landlock.status != Enforcement::FullyEnforced && !allow_unconfined {
-        return Err(ConfineError::LandlockWeak(landlock.status.as_str(), landlock.kernel_abi));
-    }
-    let seccomp = match seccomp::apply_supervisor() {
-        Ok(_) => true,
-        Err(e) if allow_unconfined => {
-            tracing::warn!(error = %e, "the supervisor's seccomp filter is not installed; continuing ({ALLOW_UNCONFINED_VAR})");
-            false
-        }
-        Err(e) => return Err(ConfineError::SeccompNotInstalled(e)),
-    };
-    Ok(SupervisorReport {
-        landlock,
-        seccomp,
-        no_new_privs: true,
-        dumpable: false,
-        rlimit_core_zero: true,
-        capabilities: "none",
-    })
+    super::finish("supervisor", landlock, seccomp::apply_supervisor, allow_unconfined)
 }
