@@ -120,6 +120,45 @@ pub enum Command {
         #[command(subcommand)]
         action: AuditCommand,
     },
+    /// Serve MCP over Streamable HTTP (both eras) on a loopback address or a Unix socket, with
+    /// bearer tokens; each MCP session (or modern connection) gets its own confined server tree,
+    /// configured by the options and variables above.
+    ServeHttp(ServeHttpArgs),
+}
+
+/// `snowluma-mcp serve-http`: see README "Remote access (serve-http)".
+#[derive(Debug, clap::Args)]
+pub struct ServeHttpArgs {
+    /// HOST:PORT (loopback unless --allow-remote with TLS) or an absolute Unix socket path.
+    #[arg(long, value_name = "HOST:PORT|PATH")]
+    pub listen: String,
+    /// Access tokens, one `ID:TOKEN` per line (mode 0600 or stricter); re-read on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub http_token_file: PathBuf,
+    /// TLS certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM); needs --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow a non-loopback TCP address (TLS required).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// An accepted Origin (scheme://host[:port]); repeatable. A request without Origin is accepted.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allowed_origin: Vec<String>,
+    /// An accepted Host header (host[:port]); repeatable.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub allowed_host: Vec<String>,
+    /// Concurrent sessions (legacy sessions and modern connections with a server tree) per token.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_sessions_per_token: u32,
+    /// Concurrent requests (including open streams) per token.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub max_requests_per_token: u32,
+    /// Seconds after which a session without requests or open streams ends.
+    #[arg(long, value_name = "SECS", default_value_t = 900)]
+    pub idle_timeout: u64,
 }
 
 #[derive(Debug, clap::Subcommand)]

@@ -1,0 +1,302 @@
+//! One session tree as the front sees it: the socket to its stdio server,
+//! the requests in flight (client ids rewritten to ids unique in the
+//! session), and where each message the server writes goes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio_util::sync::CancellationToken;
+
+/// Largest line read from a session (a tool result within the IPC limit).
+const MAX_LINE: usize = 64 * 1024 * 1024;
+const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+struct Pending {
+    client_id: Value,
+    tx: UnboundedSender<Value>,
+    progress: Option<Value>,
+    /// The HTTP response (stream or JSON wait) is still there.
+    open: bool,
+}
+
+struct State {
+    next: u64,
+    pending: BTreeMap<u64, Pending>,
+    get_stream: Option<UnboundedSender<Value>>,
+    last_active: Instant,
+}
+
+pub struct Tree {
+    pub session: u64,
+    pub token_id: String,
+    writer: tokio::sync::Mutex<Option<OwnedWriteHalf>>,
+    state: Mutex<State>,
+    /// Fired once the tree is let go (DELETE, idle, connection end, a
+    /// revoked token, the session's own end).
+    pub ended: CancellationToken,
+}
+
+/// What a client message became on its way in.
+pub struct Sent {
+    pub internal: u64,
+    pub rx: UnboundedReceiver<Value>,
+}
+
+impl Tree {
+    pub fn start(session: u64, token_id: String, stream: tokio::net::UnixStream) -> Arc<Tree> {
+        let (read, write) = stream.into_split();
+        let tree = Arc::new(Tree {
+            session,
+            token_id,
+            writer: tokio::sync::Mutex::new(Some(write)),
+            state: Mutex::new(State {
+                next: 1,
+                pending: BTreeMap::new(),
+                get_stream: None,
+                last_active: Instant::now(),
+            }),
+            ended: CancellationToken::new(),
+        });
+        let reader = tree.clone();
+        tokio::spawn(async move {
+            reader.read_loop(read).await;
+            // The server is gone: every waiting response ends without an answer.
+            if let Ok(mut st) = reader.state.lock() {
+                st.pending.clear();
+                st.get_stream = None;
+            }
+            reader.ended.cancel();
+        });
+        tree
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
+        self.state.lock().ok().map(|mut st| f(&mut st))
+    }
+
+    pub fn touch(&self) {
+        self.with(|st| st.last_active = Instant::now());
+    }
+
+    /// Idle: nothing in flight with a client waiting, no GET stream, and no
+    /// activity for `limit`.
+    pub fn idle_for(&self, limit: std::time::Duration) -> bool {
+        self.with(|st| {
+            let busy = st.pending.values().any(|p| p.open) || st.get_stream.as_ref().is_some_and(|g| !g.is_closed());
+            !busy && st.last_active.elapsed() >= limit
+        })
+        .unwrap_or(true)
+    }
+
+    async fn write(&self, msg: &Value) -> bool {
+        let Ok(mut line) = serde_json::to_vec(msg) else { return false };
+        line.push(b'\n');
+        let mut w = self.writer.lock().await;
+        match w.as_mut() {
+            Some(w) => w.write_all(&line).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// Relay a client request: its id becomes a fresh internal one. The
+    /// receiver gets every message for it, the response last.
+    pub async fn request(&self, mut msg: Value) -> Option<Sent> {
+        let client_id = msg.get("id").cloned()?;
+        let progress = msg.pointer("/params/_meta/progressToken").cloned();
+        let (tx, rx) = unbounded_channel();
+        let internal = self.with(|st| {
+            let n = st.next;
+            st.next += 1;
+            st.pending.insert(n, Pending { client_id, tx, progress, open: true });
+            st.last_active = Instant::now();
+            n
+        })?;
+        msg["id"] = json!(internal);
+        if self.write(&msg).await {
+            Some(Sent { internal, rx })
+        } else {
+            self.with(|st| st.pending.remove(&internal));
+            None
+        }
+    }
+
+    /// Relay a client notification or response (`notifications/cancelled`
+    /// is translated to the internal id; an unknown id is dropped).
+    pub async fn forward(&self, mut msg: Value) -> bool {
+        self.touch();
+        if msg.get("method").and_then(Value::as_str) == Some("notifications/cancelled") {
+            let Some(client) = msg.pointer("/params/requestId").cloned() else { return true };
+            let found = self.with(|st| st.pending.iter().rev().find(|(_, p)| p.client_id == client).map(|(k, _)| *k));
+            match found.flatten() {
+                Some(internal) => msg["params"]["requestId"] = json!(internal),
+                None => return true,
+            }
+        }
+        self.write(&msg).await
+    }
+
+    /// The HTTP side of request `internal` went away. A modern request is
+    /// cancelled by that (the transport's rule); a legacy one runs on.
+    pub fn detach(self: &Arc<Self>, internal: u64, cancel: bool) {
+        let was = self.with(|st| {
+            st.last_active = Instant::now();
+            if cancel {
+                st.pending.remove(&internal).is_some()
+            } else {
+                if let Some(p) = st.pending.get_mut(&internal) {
+                    p.open = false;
+                }
+                false
+            }
+        });
+        if was == Some(true) {
+            let tree = self.clone();
+            tokio::spawn(async move {
+                tree.write(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                    "params": {"requestId": internal, "reason": "the HTTP response stream was closed"}}))
+                    .await;
+            });
+        }
+    }
+
+    /// Open the legacy standalone stream; `None` if one is already open.
+    pub fn open_get_stream(&self) -> Option<UnboundedReceiver<Value>> {
+        self.with(|st| {
+            if st.get_stream.as_ref().is_some_and(|g| !g.is_closed()) {
+                return None;
+            }
+            let (tx, rx) = unbounded_channel();
+            st.get_stream = Some(tx);
+            st.last_active = Instant::now();
+            Some(rx)
+        })
+        .flatten()
+    }
+
+    /// Let the tree go: cancel what is still in flight (writes are then
+    /// audited with outcome `unknown`), and close the server's stdin so that
+    /// it finishes and exits.
+    pub async fn end(&self) {
+        if self.ended.is_cancelled() && self.writer.lock().await.is_none() {
+            return;
+        }
+        let inflight: Vec<u64> = self.with(|st| st.pending.keys().copied().collect()).unwrap_or_default();
+        for id in inflight {
+            self.write(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": id, "reason": "the HTTP session ended"}}))
+                .await;
+        }
+        if let Some(mut w) = self.writer.lock().await.take() {
+            let _ = w.shutdown().await;
+        }
+        self.with(|st| {
+            st.pending.clear();
+            st.get_stream = None;
+        });
+        self.ended.cancel();
+    }
+
+    async fn read_loop(&self, read: OwnedReadHalf) {
+        let mut reader = BufReader::new(read);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let mut limited = (&mut reader).take(MAX_LINE as u64 + 1);
+            match limited.read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line.len() > MAX_LINE => {
+                    tracing::error!(session = self.session, "serve-http: a session wrote an oversized line; ending it");
+                    return;
+                }
+                Ok(_) => {}
+            }
+            let Ok(msg) = serde_json::from_slice::<Value>(&line) else { continue };
+            self.route(msg);
+        }
+    }
+
+    /// Deliver one message from the server.
+    fn route(&self, mut msg: Value) {
+        let _ = self.with(|st| {
+            st.last_active = Instant::now();
+            let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
+            let id = msg.get("id").and_then(Value::as_u64);
+            match (method.as_deref(), id) {
+                // A response to one of ours.
+                (None, Some(internal)) => {
+                    if let Some(p) = st.pending.remove(&internal) {
+                        msg["id"] = p.client_id.clone();
+                        if let Some(sub) =
+                            msg.pointer_mut(&format!("/result/_meta/{}", SUBSCRIPTION_ID.replace('/', "~1")))
+                            && sub.as_u64() == Some(internal)
+                        {
+                            *sub = p.client_id.clone();
+                        }
+                        let _ = p.tx.send(msg);
+                    }
+                }
+                (None, None) => {}
+                // A server request (legacy: elicitation): on the stream of
+                // the latest request whose client still listens, else GET.
+                (Some(_), _) if msg.get("id").is_some() => {
+                    let target = st.pending.values().rev().find(|p| p.open).map(|p| p.tx.clone());
+                    match target {
+                        Some(tx) => {
+                            let _ = tx.send(msg);
+                        }
+                        None => {
+                            if let Some(g) = &st.get_stream {
+                                let _ = g.send(msg);
+                            }
+                        }
+                    }
+                }
+                (Some(m), _) => {
+                    // Request-related notifications go to their request.
+                    let related: Option<u64> = if m == "notifications/progress" {
+                        let token = msg.pointer("/params/progressToken").cloned();
+                        st.pending.iter().find(|(_, p)| p.progress.is_some() && p.progress == token).map(|(k, _)| *k)
+                    } else if let Some(sub) = msg
+                        .pointer(&format!("/params/_meta/{}", SUBSCRIPTION_ID.replace('/', "~1")))
+                        .and_then(Value::as_u64)
+                    {
+                        Some(sub)
+                    } else if m == "notifications/cancelled" {
+                        msg.pointer("/params/requestId").and_then(Value::as_u64)
+                    } else {
+                        None
+                    };
+                    match related.and_then(|k| st.pending.get(&k).map(|p| (k, p.client_id.clone(), p.tx.clone()))) {
+                        Some((k, client_id, tx)) => {
+                            let ptr = format!("/params/_meta/{}", SUBSCRIPTION_ID.replace('/', "~1"));
+                            if let Some(sub) = msg.pointer_mut(&ptr)
+                                && sub.as_u64() == Some(k)
+                            {
+                                *sub = client_id.clone();
+                            }
+                            if m == "notifications/cancelled" {
+                                msg["params"]["requestId"] = client_id;
+                                st.pending.remove(&k);
+                            }
+                            let _ = tx.send(msg);
+                        }
+                        None if related.is_none() => {
+                            if let Some(g) = &st.get_stream {
+                                let _ = g.send(msg);
+                            }
+                        }
+                        // For a request no longer in flight: dropped.
+                        None => {}
+                    }
+                }
+            }
+        });
+    }
+}
+
+use tokio::io::AsyncReadExt as _;
