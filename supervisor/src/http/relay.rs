@@ -143,23 +143,23 @@ impl Tree {
     /// The HTTP side of request `internal` went away. A modern request is
     /// cancelled by that (the transport's rule); a legacy one runs on.
     pub fn detach(self: &Arc<Self>, internal: u64, cancel: bool) {
-        let was = self.with(|st| {
+        let present = self.with(|st| {
             st.last_active = Instant::now();
-            if cancel {
-                st.pending.remove(&internal).is_some()
-            } else {
-                if let Some(p) = st.pending.get_mut(&internal) {
+            match st.pending.get_mut(&internal) {
+                Some(p) => {
                     p.open = false;
+                    true
                 }
-                false
+                None => false,
             }
         });
-        if was == Some(true) {
+        if cancel && present == Some(true) {
+            // The entry stays until the cancellation is written, so that an
+            // `end` racing with this still cancels the call.
             let tree = self.clone();
             tokio::spawn(async move {
-                tree.write(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                    "params": {"requestId": internal, "reason": "the HTTP response stream was closed"}}))
-                    .await;
+                tree.write(&cancelled(internal, "the HTTP response stream was closed")).await;
+                tree.with(|st| st.pending.remove(&internal));
             });
         }
     }
@@ -187,9 +187,7 @@ impl Tree {
         }
         let inflight: Vec<u64> = self.with(|st| st.pending.keys().copied().collect()).unwrap_or_default();
         for id in inflight {
-            self.write(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                "params": {"requestId": id, "reason": "the HTTP session ended"}}))
-                .await;
+            self.write(&cancelled(id, "the HTTP session ended")).await;
         }
         if let Some(mut w) = self.writer.lock().await.take() {
             let _ = w.shutdown().await;
@@ -300,3 +298,7 @@ impl Tree {
 }
 
 use tokio::io::AsyncReadExt as _;
+
+fn cancelled(internal: u64, reason: &str) -> Value {
+    json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": internal, "reason": reason}})
+}
