@@ -114,6 +114,11 @@ pub fn apply_supervisor() -> Result<usize, SeccompError> {
     install(compile_lists(policy::SUPERVISOR, policy::SUPERVISOR_REFUSED, SeccompAction::KillProcess)?)
 }
 
+/// The HTTP front's filters (see [`policy::HTTP_FRONT`]).
+pub fn apply_http_front() -> Result<usize, SeccompError> {
+    install(compile_lists(policy::HTTP_FRONT, policy::HTTP_FRONT_REFUSED, SeccompAction::KillProcess)?)
+}
+
 /// The spawner's filters: the deny-list ([`policy::SPAWNER_DENY`], those
 /// calls kill) and the refusals ([`policy::SPAWNER_REFUSED`], answered
 /// `EACCES`); everything else is left to the workers' own allow-lists.

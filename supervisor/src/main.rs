@@ -84,7 +84,8 @@ fn main() -> ExitCode {
     if args.get(1).map(String::as_str) == Some(http::FRONT_ARG) {
         // The HTTP front of `serve-http` (started by its launcher only).
         init_tracing(args.get(2).map(String::as_str).unwrap_or("info"));
-        return http::front::main();
+        let unconfined_ok = args.get(3).map(String::as_str) == Some(snowluma_sandbox::UNCONFINED_OK_ARG);
+        return http::front::main(unconfined_ok);
     }
     if args.get(1).map(String::as_str) == Some(PROBE_ARG) {
         // Escape probe (doctor and tests only): confine as a role, try one

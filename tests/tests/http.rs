@@ -319,7 +319,7 @@ fn a_legacy_session_lists_and_calls_tools_then_ends_with_delete() {
     let after = s.call(ALICE, &sid, 9, "list_categories", json!({}));
     assert_eq!(after.status, 404, "a deleted session is gone");
     wait_until("the deleted session's tree is reaped", || (!alive(tree)).then_some(()));
-    assert!(s.stderr_text().contains("serve-http: session ended"));
+    wait_until("the launcher logs the end", || s.stderr_text().contains("serve-http: session ended").then_some(()));
 }
 
 #[test]
@@ -688,4 +688,54 @@ fn tls_serves_with_the_configured_certificate() {
             .await
     });
     assert!(plain.is_err() || plain.unwrap().status().as_u16() != 200);
+}
+
+/// The front as it runs: confined (seccomp, no new privileges, no
+/// capabilities), with an empty environment, and a Unix-socket listener
+/// whose clients are named by their credentials.
+#[test]
+fn the_front_is_confined_and_serves_a_unix_socket() {
+    let dir = temp_dir("unix");
+    let tokens = token_file(&dir);
+    let sock = dir.join("mcp.sock");
+    let mut child = command(
+        &[("SNOWLUMA_MCP_TOKEN", "snowluma-secret-token-value")],
+        &["serve-http", "--listen", sock.to_str().unwrap(), "--http-token-file", tokens.to_str().unwrap()],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_until("the socket exists", || sock.exists().then_some(()));
+    let launcher = child.id() as i32;
+    let front = wait_until("the front runs", || {
+        children(launcher).into_iter().find(|p| cmdline(*p).contains("__snowluma-http-front"))
+    });
+    let status = std::fs::read_to_string(format!("/proc/{front}/status")).unwrap();
+    for want in ["Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000"] {
+        assert!(status.contains(want), "{want}: {status}");
+    }
+    let environ = std::fs::read(format!("/proc/{front}/environ")).unwrap_or_default();
+    assert!(environ.is_empty(), "the front starts with an empty environment");
+    let body = serde_json::to_vec(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": modern_meta()}}),
+    )
+    .unwrap();
+    let mut conn = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: application/json\r\nAccept: application/json\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: server/discover\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(&body).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("supportedVersions"), "{text}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher), nix::sys::signal::SIGTERM).unwrap();
+    let st = wait_exit(&mut child, "serve-http stops on SIGTERM");
+    assert!(st.success(), "{st:?}");
+    assert!(!sock.exists(), "the socket is removed at exit");
+    assert!(!alive(front));
 }

@@ -64,7 +64,15 @@ pub fn tls_acceptor(cert: &str, key: &str) -> Result<tokio_rustls::TlsAcceptor, 
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
-pub fn main() -> ExitCode {
+/// The front's whole life; `allow_unconfined` lets it serve on a kernel
+/// that cannot fully confine it (the operator's opt-out).
+pub fn main(allow_unconfined: bool) -> ExitCode {
+    // Name, descriptors, capabilities, no new privileges: before anything
+    // else runs in this process.
+    if let Err(e) = snowluma_sandbox::prepare_http_front() {
+        eprintln!("snowluma-mcp: the HTTP front cannot prepare its confinement: {e}");
+        return ExitCode::from(2);
+    }
     // SAFETY: the launcher placed the control socket on fd 4 and the
     // listener on fd 3 for this process alone; each is taken once.
     let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
@@ -94,6 +102,15 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The runtime exists (its epoll and eventfd were made before the filter
+    // forbids making them) and no thread was started: confine now.
+    match snowluma_sandbox::confine_http_front(allow_unconfined) {
+        Ok(report) => tracing::debug!(seccomp = report.seccomp, "the HTTP front is confined"),
+        Err(e) => {
+            eprintln!("snowluma-mcp: the HTTP front cannot confine itself: {e}");
+            return ExitCode::from(2);
+        }
+    }
     match rt.block_on(serve(setup, tls, listener, control)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -69,6 +69,17 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
     if opts.max_sessions_per_token == 0 || opts.max_requests_per_token == 0 || opts.idle_timeout == 0 {
         return fail("--max-sessions-per-token, --max-requests-per-token and --idle-timeout must be at least 1");
     }
+    // The front confines itself like every other process; a kernel that
+    // cannot enforce that needs the operator's explicit opt-out.
+    let unconfined_ok = match snowluma_sandbox::gate(
+        "serve-http",
+        true,
+        snowluma_sandbox::Support::detect(),
+        snowluma_sandbox::opt_out_from_env(),
+    ) {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
     let tokens = match options::load_tokens(&opts.http_token_file) {
         Ok(t) => t,
         Err(e) => return fail(e),
@@ -135,7 +146,7 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
     };
     let session_args = session_args(cli);
     let code = rt.block_on(async {
-        let (front, control) = match start_front(&listener, &filter, setup) {
+        let (front, control) = match start_front(&listener, &filter, unconfined_ok, setup) {
             Ok(f) => f,
             Err(e) => return fail(format!("cannot start the HTTP front: {e}")),
         };
@@ -191,6 +202,7 @@ fn high_dup(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
 fn start_front(
     listener: &Listener,
     filter: &str,
+    unconfined_ok: bool,
     setup: FrontSetup,
 ) -> Result<(tokio::process::Child, Channel), Box<dyn std::error::Error>> {
     let (ours, theirs) = snowluma_proto::fdpass::pair()?;
@@ -201,6 +213,7 @@ fn start_front(
     cmd.arg0("snowluma-mcp")
         .arg(super::FRONT_ARG)
         .arg(filter)
+        .args(unconfined_ok.then_some(snowluma_sandbox::UNCONFINED_OK_ARG))
         .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null());
