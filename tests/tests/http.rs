@@ -147,12 +147,16 @@ impl Server {
 
     /// A legacy session: initialize + initialized; returns its id.
     fn initialize(&self, token: &str) -> String {
+        self.initialize_with(token, json!({}))
+    }
+
+    fn initialize_with(&self, token: &str, capabilities: Value) -> String {
         let r = self.post(
             Some(token),
             None,
             &[],
             &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}}),
+                "protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "e2e", "version": "1"}}}),
         );
         assert_eq!(r.status, 200, "{r:?}");
         assert_eq!(r.last()["result"]["protocolVersion"], "2025-11-25");
@@ -514,6 +518,38 @@ fn the_session_and_request_limits_per_token_hold() {
     let _c = s.initialize(BOB);
     assert_eq!(s.delete(ALICE, &a), 200);
     let _d = s.initialize(ALICE);
+    // Requests (open streams included) are limited per token too.
+    drop(s);
+    let s = Server::start(&dir, &[], &["--max-requests-per-token", "1"]);
+    let sid = s.initialize(ALICE);
+    let (get, second) = s.rt.block_on(async {
+        let get = s
+            .client
+            .get(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        let second = s
+            .client
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "application/json")
+            .body(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#)
+            .send()
+            .await
+            .unwrap();
+        (get, second.status().as_u16())
+    });
+    assert_eq!(get.status().as_u16(), 200);
+    assert_eq!(second, 429, "the open stream holds the token's only request");
+    drop(get);
+    wait_until("the closed stream frees the place", || {
+        (s.call(ALICE, &sid, 3, "list_categories", json!({})).status == 200).then_some(())
+    });
     // A body over the limit is refused before it is read.
     let mut conn = std::net::TcpStream::connect(&s.addr).unwrap();
     let head = format!(
@@ -738,4 +774,74 @@ fn the_front_is_confined_and_serves_a_unix_socket() {
     assert!(st.success(), "{st:?}");
     assert!(!sock.exists(), "the socket is removed at exit");
     assert!(!alive(front));
+}
+
+/// Legacy server requests travel on the SSE stream of the call that needs
+/// them, and the client's answer (a POST of a response) reaches the session.
+#[test]
+fn a_legacy_elicitation_round_trips_over_the_call_stream() {
+    let dir = temp_dir("elicit");
+    let fake = Fake::start(Some("t0k"));
+    let url = fake.fake.url();
+    let env = [("SNOWLUMA_MCP_ENDPOINT", url.as_str()), ("SNOWLUMA_MCP_MODE", "write"), ("SNOWLUMA_MCP_TOKEN", "t0k")];
+    let s = Server::start(&dir, &env, &[]);
+    let sid = s.initialize_with(ALICE, json!({"elicitation": {"form": {}}}));
+    let call = json!({"jsonrpc": "2.0", "id": "call-1", "method": "tools/call", "params": {
+        "name": "invoke_action_with_input",
+        "arguments": {"action": "send_group_msg", "params": {"group_id": 20001}}}});
+    let final_msg = s.rt.block_on(async {
+        let mut resp = s
+            .client
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("accept", "application/json, text/event-stream")
+            .body(serde_json::to_vec(&call).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.headers().get("content-type").unwrap(), "text/event-stream");
+        let mut buf = String::new();
+        let mut answered = false;
+        loop {
+            let chunk = resp.chunk().await.unwrap().expect("the stream ends after the response");
+            buf.push_str(std::str::from_utf8(&chunk).unwrap());
+            while let Some(end) = buf.find("\n\n") {
+                let event: String = buf.drain(..end + 2).collect();
+                let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
+                let msg: Value = serde_json::from_str(data).unwrap();
+                if msg["method"] == "elicitation/create" {
+                    assert!(!answered);
+                    answered = true;
+                    let answer = json!({"jsonrpc": "2.0", "id": msg["id"], "result": {
+                        "action": "accept", "content": {"params_json": "{\"message\":\"Hello\"}"}}});
+                    let r = s
+                        .client
+                        .post(s.url())
+                        .header("authorization", format!("Bearer {ALICE}"))
+                        .header("mcp-session-id", &sid)
+                        .header("mcp-protocol-version", "2025-11-25")
+                        .body(serde_json::to_vec(&answer).unwrap())
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status().as_u16(), 202);
+                } else if msg.get("result").is_some() || msg.get("error").is_some() {
+                    assert!(answered, "the answer came first");
+                    return msg;
+                }
+            }
+        }
+    });
+    assert_eq!(final_msg["id"], "call-1", "the client's id");
+    assert!(!is_error(&final_msg["result"]), "{final_msg}");
+    let sent: Vec<Value> = fake
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.action.as_deref() == Some("send_group_msg"))
+        .filter_map(|r| r.json())
+        .collect();
+    assert_eq!(sent, [json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}})]);
 }

@@ -255,9 +255,9 @@ async fn serve(
     let mut sessions: HashMap<u64, Session> = HashMap::new();
     let mut next_session: u64 = 1;
     let local = tokio::task::LocalSet::new();
-    let code = local
+    local
         .run_until(async {
-            loop {
+            let code = loop {
                 tokio::select! {
                     msg = control.recv::<ToLauncher>() => match msg {
                         Ok((ToLauncher::Spawn { req, token_id, peer }, _)) => {
@@ -328,25 +328,27 @@ async fn serve(
                         break ExitCode::FAILURE;
                     }
                 }
+            };
+            // Shutdown, still inside the LocalSet so that the tasks reaping
+            // the sessions keep running.
+            let _ = front.start_kill();
+            for s in sessions.values() {
+                let _ = killpg(s.pid, Signal::SIGTERM);
             }
+            let deadline = tokio::time::Instant::now() + GRACE;
+            while !sessions.is_empty() {
+                tokio::select! {
+                    Some(n) = exited_rx.recv() => { sessions.remove(&n); }
+                    _ = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+            for s in sessions.values() {
+                let _ = killpg(s.pid, Signal::SIGKILL);
+            }
+            let _ = front.wait().await;
+            code
         })
-        .await;
-    let _ = front.start_kill();
-    for s in sessions.values() {
-        let _ = killpg(s.pid, Signal::SIGTERM);
-    }
-    let deadline = tokio::time::Instant::now() + GRACE;
-    while !sessions.is_empty() {
-        tokio::select! {
-            Some(n) = exited_rx.recv() => { sessions.remove(&n); }
-            _ = tokio::time::sleep_until(deadline) => break,
-        }
-    }
-    for s in sessions.values() {
-        let _ = killpg(s.pid, Signal::SIGKILL);
-    }
-    let _ = front.wait().await;
-    code
+        .await
 }
 
 /// One session tree: this binary as the ordinary stdio server, in its own
