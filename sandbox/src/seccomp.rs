@@ -192,6 +192,33 @@ mod tests {
     }
 
     #[test]
+    fn the_http_front_may_accept_but_not_exec_connect_open_or_listen_anew() {
+        let p = compile_lists(policy::HTTP_FRONT, policy::HTTP_FRONT_REFUSED, SeccompAction::KillProcess).unwrap();
+        assert_eq!(p.len(), 2, "the allow-list and the EACCES list");
+        let allowed: Vec<i64> = policy::BASE.iter().chain(policy::HTTP_FRONT).map(|a| a.nr).collect();
+        assert!(allowed.contains(&nix::libc::SYS_accept4));
+        for forbidden in [
+            nix::libc::SYS_execve,
+            nix::libc::SYS_execveat,
+            nix::libc::SYS_ptrace,
+            nix::libc::SYS_kill,
+            nix::libc::SYS_bind,
+            nix::libc::SYS_listen,
+            nix::libc::SYS_socketpair,
+            nix::libc::SYS_clone,
+            nix::libc::SYS_clone3,
+            nix::libc::SYS_memfd_create,
+        ] {
+            assert!(!allowed.contains(&forbidden), "the front allows {forbidden}");
+        }
+        // socket, connect and openat pass the allow-list only to be refused.
+        let refused: Vec<i64> = policy::HTTP_FRONT_REFUSED.iter().flat_map(|(_, l)| l.iter()).map(|a| a.nr).collect();
+        for nr in [nix::libc::SYS_socket, nix::libc::SYS_connect, nix::libc::SYS_openat] {
+            assert!(refused.contains(&nr));
+        }
+    }
+
+    #[test]
     fn only_the_network_executor_opens_sockets_and_only_the_file_workers_open_paths() {
         for role in Role::ALL {
             let names: Vec<&str> = policy::BASE.iter().chain(policy::extra(role)).map(|a| a.name).collect();

@@ -845,3 +845,51 @@ fn a_legacy_elicitation_round_trips_over_the_call_stream() {
         .collect();
     assert_eq!(sent, [json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}})]);
 }
+
+/// A legacy client that disappears mid-write: its session is not tied to a
+/// connection, so it ends when it has been idle for `--idle-timeout` (no
+/// request and no stream open); the write is cancelled and audited unknown.
+#[test]
+fn a_legacy_client_that_vanishes_mid_write_is_expired_and_the_write_audited_unknown() {
+    let dir = temp_dir("vanish-legacy");
+    let log = dir.join("audit.jsonl");
+    let fake = Fake::start(Some("t"));
+    fake.fake.set_fault("send_group_msg", snowluma_fake::Fault::Hang);
+    let url = fake.fake.url();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_AUDIT_LOG", log.to_str().unwrap()),
+    ];
+    let s = Server::start(&dir, &env, &["--idle-timeout", "1"]);
+    let sid = s.initialize(BOB);
+    let body = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "invoke_action", "arguments": {"action": "send_group_msg", "params": {"group_id": 1, "message": "x"}}}}))
+    .unwrap();
+    let mut conn = std::net::TcpStream::connect(&s.addr).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {BOB}\r\nMcp-Session-Id: {sid}\r\nMCP-Protocol-Version: 2025-11-25\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n",
+        s.addr,
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(&body).unwrap();
+    wait_until("SnowLuma received the write", || {
+        fake.fake.requests().iter().any(|r| r.action.as_deref() == Some("send_group_msg")).then_some(())
+    });
+    let tree = s.session_pids()[0];
+    let mut pids = descendants(tree);
+    pids.push(tree);
+    drop(conn);
+    wait_until("the abandoned session's tree is reaped", || {
+        let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    });
+    let records: Vec<Value> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let result = records.iter().find(|r| r["phase"] == "result").expect("a result record");
+    assert_eq!(result["outcome"], "unknown", "{result}");
+    assert!(records.iter().all(|r| r["principal"]["token_id"] == "bob"), "{records:?}");
+    assert_eq!(s.call(BOB, &sid, 3, "list_categories", json!({})).status, 404, "the session is gone");
+}
