@@ -334,6 +334,32 @@ fn a_modern_client_discovers_and_calls_with_mirrored_headers() {
     assert_eq!(d.status, 200, "{d:?}");
     assert!(d.last()["result"]["supportedVersions"].as_array().unwrap().contains(&json!(MODERN)));
     assert!(d.headers.get("mcp-session-id").is_none(), "no sessions in the modern era");
+    // Requests of one token from one host share a tree, whatever the
+    // connection; another token gets its own.
+    let other_connection = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut params = json!({});
+    params["_meta"] = modern_meta();
+    let status = s.rt.block_on(async {
+        other_connection
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "tools/list")
+            .header("accept", "application/json")
+            .body(
+                serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": params}))
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(status, 200);
+    assert_eq!(s.session_pids().len(), 1, "one modern tree for alice on this host");
+    assert_eq!(s.modern(BOB, 1, "server/discover", None, json!({})).status, 200);
+    assert_eq!(s.session_pids().len(), 2, "bob's own tree");
     let r = s.modern(
         ALICE,
         2,
@@ -621,8 +647,9 @@ fn a_client_that_disappears_mid_write_has_its_tree_reaped_and_the_write_audited_
         ("SNOWLUMA_MCP_MODE", "write"),
         ("SNOWLUMA_MCP_AUDIT_LOG", log.to_str().unwrap()),
     ];
-    let s = Server::start(&dir, &env, &[]);
-    // A raw modern request on its own connection, then the connection drops.
+    let s = Server::start(&dir, &env, &["--idle-timeout", "1"]);
+    // A raw modern request on its own connection, then the connection drops:
+    // that cancels the call; the tree, idle then, expires.
     let mut params = json!({"name": "invoke_action", "arguments": {"action": "send_group_msg", "params": {"group_id": 1, "message": "x"}}});
     params["_meta"] = modern_meta();
     let body =
@@ -658,7 +685,7 @@ fn a_client_that_disappears_mid_write_has_its_tree_reaped_and_the_write_audited_
     for r in &records {
         assert_eq!(r["principal"]["via"], "http", "{r}");
         assert_eq!(r["principal"]["token_id"], "alice", "{r}");
-        assert!(r["principal"]["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{r}");
+        assert_eq!(r["principal"]["peer"], "127.0.0.1", "modern: the client host; {r}");
         assert!(r.get("peer").is_none(), "not the launcher's credentials");
     }
     assert!(!std::fs::read_to_string(&log).unwrap().contains(ALICE));
@@ -892,4 +919,115 @@ fn a_legacy_client_that_vanishes_mid_write_is_expired_and_the_write_audited_unkn
     assert_eq!(result["outcome"], "unknown", "{result}");
     assert!(records.iter().all(|r| r["principal"]["token_id"] == "bob"), "{records:?}");
     assert_eq!(s.call(BOB, &sid, 3, "list_categories", json!({})).status, 404, "the session is gone");
+}
+
+/// The next SSE message on a streaming response (comments skipped).
+async fn next_sse(resp: &mut reqwest::Response, buf: &mut String) -> Value {
+    loop {
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            if let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) {
+                return serde_json::from_str(data).unwrap();
+            }
+        }
+        let chunk = resp.chunk().await.unwrap().expect("the stream is open");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+}
+
+/// Event resources over HTTP: legacy updates on the GET stream, modern
+/// updates on a `subscriptions/listen` stream opened on another connection
+/// (tagged with the client's own listen id), and no session sees another's
+/// resources.
+#[test]
+fn event_updates_reach_the_right_stream_and_no_other_session() {
+    const SELF_ID: i64 = 10001;
+    let dir = temp_dir("events");
+    let fake = Fake::start(Some("ev-token"));
+    let ev = fake.start_events(Some("ev-token"), SELF_ID);
+    let (url, ws) = (fake.fake.url(), ev.url());
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_MODE", "read"),
+        ("SNOWLUMA_MCP_TOKEN", "ev-token"),
+        ("SNOWLUMA_MCP_EVENTS_URL", ws.as_str()),
+    ];
+    let s = Server::start(&dir, &env, &[]);
+    // Legacy: subscribe, resources/subscribe, the GET stream gets the update.
+    let sid = s.initialize(ALICE);
+    let r = s.call(ALICE, &sid, 2, "subscribe_events", json!({"self_id": SELF_ID}));
+    let uri = structured(&r.last()["result"])["result"]["uri"].as_str().unwrap().to_owned();
+    let sub = s.post(
+        Some(ALICE),
+        Some(&sid),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "resources/subscribe", "params": {"uri": uri}}),
+    );
+    assert_eq!(sub.status, 200, "{sub:?}");
+    // Bob's session cannot read alice's resource.
+    let bob = s.initialize(BOB);
+    let other = s.post(
+        Some(BOB),
+        Some(&bob),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": uri}}),
+    );
+    assert!(other.last().get("error").is_some(), "{other:?}");
+    let update = s.rt.block_on(async {
+        let mut get = s
+            .client
+            .get(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(get.status().as_u16(), 200);
+        ev.send(&snowluma_fake::events::group_message(SELF_ID, 20001, 30001, "one"));
+        let mut buf = String::new();
+        next_sse(&mut get, &mut buf).await
+    });
+    assert_eq!(update["method"], "notifications/resources/updated", "{update}");
+    assert_eq!(update["params"]["uri"], uri.as_str());
+
+    // Modern: subscribe on one connection, listen on another.
+    let r = s.modern(
+        BOB,
+        1,
+        "tools/call",
+        Some("subscribe_events"),
+        json!({"name": "subscribe_events", "arguments": {"self_id": SELF_ID}}),
+    );
+    let muri = structured(&r.last()["result"])["result"]["uri"].as_str().unwrap().to_owned();
+    let listener = reqwest::Client::builder().no_proxy().build().unwrap();
+    let (ack, n) = s.rt.block_on(async {
+        let mut params = json!({"notifications": {"resourceSubscriptions": [muri]}});
+        params["_meta"] = modern_meta();
+        let mut listen = listener
+            .post(s.url())
+            .header("authorization", format!("Bearer {BOB}"))
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "subscriptions/listen")
+            .header("accept", "application/json, text/event-stream")
+            .body(
+                serde_json::to_vec(
+                    &json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen", "params": params}),
+                )
+                .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let mut buf = String::new();
+        let ack = next_sse(&mut listen, &mut buf).await;
+        ev.send(&snowluma_fake::events::private_message(SELF_ID, 30001, "hello"));
+        let n = next_sse(&mut listen, &mut buf).await;
+        (ack, n)
+    });
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1", "the client's id: {ack}");
+    assert_eq!(n["method"], "notifications/resources/updated", "{n}");
+    assert_eq!(n["params"]["uri"], muri.as_str());
+    assert_eq!(n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1", "{n}");
 }

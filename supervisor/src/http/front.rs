@@ -140,6 +140,9 @@ struct Shared {
     tokens: Mutex<Vec<TokenDigest>>,
     /// Legacy sessions by `Mcp-Session-Id`.
     sessions: Mutex<HashMap<String, Arc<Tree>>>,
+    /// Modern trees by (token id, client host); held across a spawn so that
+    /// concurrent first requests start one tree.
+    modern: tokio::sync::Mutex<HashMap<(String, String), Arc<Tree>>>,
     /// Every live tree (legacy and modern).
     trees: Mutex<Vec<Arc<Tree>>>,
     usage: Mutex<HashMap<String, Usage>>,
@@ -178,6 +181,7 @@ async fn serve(
         max_body: setup.max_body_bytes,
         tokens: Mutex::new(setup.tokens),
         sessions: Mutex::new(HashMap::new()),
+        modern: tokio::sync::Mutex::new(HashMap::new()),
         trees: Mutex::new(Vec::new()),
         usage: Mutex::new(HashMap::new()),
         control: Channel::new(control)?,
@@ -228,30 +232,33 @@ enum Accepted {
     Unix(tokio::net::UnixStream),
 }
 
-async fn accept(l: &Listener) -> std::io::Result<(Accepted, String)> {
+/// A connection, its peer and its client host (see [`Conn`]).
+async fn accept(l: &Listener) -> std::io::Result<(Accepted, (String, String))> {
     match l {
-        Listener::Tcp(l) => l.accept().await.map(|(s, a)| (Accepted::Tcp(s), a.to_string())),
+        Listener::Tcp(l) => l.accept().await.map(|(s, a)| (Accepted::Tcp(s), (a.to_string(), a.ip().to_string()))),
         Listener::Unix(l) => l.accept().await.map(|(s, _)| {
-            let peer = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials)
-                .map(|c| format!("unix:uid={},pid={}", c.uid(), c.pid()))
-                .unwrap_or_else(|_| "unix".into());
-            (Accepted::Unix(s), peer)
+            let cred = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials).ok();
+            let peer = cred.map(|c| format!("unix:uid={},pid={}", c.uid(), c.pid())).unwrap_or_else(|| "unix".into());
+            let host = cred.map(|c| format!("unix:uid={}", c.uid())).unwrap_or_else(|| "unix".into());
+            (Accepted::Unix(s), (peer, host))
         }),
     }
 }
 
-/// One client connection: a modern client's requests on it share one tree,
-/// ended with the connection.
+/// One client connection.
 struct Conn {
+    /// The full peer address (`ip:port`, or a Unix client's credentials).
     peer: String,
-    tree: tokio::sync::Mutex<Option<Arc<Tree>>>,
+    /// The client host (`ip`, or `unix:uid=N`): modern requests of one
+    /// token from one host share a tree.
+    host: String,
 }
 
-async fn connection<IO>(shared: Arc<Shared>, io: IO, peer: String)
+async fn connection<IO>(shared: Arc<Shared>, io: IO, (peer, host): (String, String))
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let conn = Arc::new(Conn { peer, tree: tokio::sync::Mutex::new(None) });
+    let conn = Arc::new(Conn { peer, host });
     let svc_shared = shared.clone();
     let svc_conn = conn.clone();
     let svc = hyper::service::service_fn(move |req| {
@@ -265,11 +272,9 @@ where
         .max_headers(64)
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
+    // A request whose connection closes is dropped with it: its guard
+    // cancels it (modern) or leaves it to finish (legacy).
     let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc).await;
-    let tree = conn.tree.lock().await.take();
-    if let Some(tree) = tree {
-        end_tree(&shared, &tree).await;
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -503,6 +508,9 @@ async fn end_tree(shared: &Arc<Shared>, tree: &Arc<Tree>) {
     if let Ok(mut s) = shared.sessions.lock() {
         s.retain(|_, x| !Arc::ptr_eq(x, tree));
     }
+    // (The modern map is not touched here: a spawn may hold it while it
+    // waits for the launcher, whose answer this task may be delivering. An
+    // ended tree in it is replaced by the next request.)
     tree.end().await;
     if was_live {
         if let Ok(mut u) = shared.usage.lock()
@@ -774,16 +782,20 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
     if let Err(why) = check_modern_headers(&headers, &msg) {
         return rpc_error(StatusCode::BAD_REQUEST, id, -32020, &format!("Header mismatch: {why}"));
     }
+    // The modern era has no sessions: its state lives in explicit handles
+    // (event resource URIs, requestState) that a client may use from any of
+    // its connections, and an HTTP/1.1 client needs several connections for
+    // concurrent requests (a subscriptions/listen stream and its calls).
+    // So the modern requests of one token from one client host share one
+    // tree; other tokens and other hosts never do.
     let tree = {
-        let mut slot = conn.tree.lock().await;
-        match slot.as_ref() {
-            Some(t) if !t.ended.is_cancelled() && t.token_id == token_id => t.clone(),
-            Some(t) if !t.ended.is_cancelled() => {
-                return rpc_error(StatusCode::FORBIDDEN, id, -32000, "A connection serves one access token");
-            }
-            _ => match spawn_tree(&shared, &token_id, &conn.peer).await {
+        let mut modern = shared.modern.lock().await;
+        let key = (token_id.clone(), conn.host.clone());
+        match modern.get(&key) {
+            Some(t) if !t.ended.is_cancelled() => t.clone(),
+            _ => match spawn_tree(&shared, &token_id, &conn.host).await {
                 Ok(t) => {
-                    *slot = Some(t.clone());
+                    modern.insert(key, t.clone());
                     t
                 }
                 Err(r) => return r,
