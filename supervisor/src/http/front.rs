@@ -659,6 +659,10 @@ fn get(shared: Arc<Shared>, token_id: String, h: &HeaderMap) -> Response<Body> {
 }
 
 async fn delete(shared: Arc<Shared>, token_id: String, h: &HeaderMap) -> Response<Body> {
+    // Without a session id this is a modern client's probe: no sessions.
+    if h.get("mcp-session-id").is_none() {
+        return empty(StatusCode::METHOD_NOT_ALLOWED);
+    }
     match legacy_session(&shared, &token_id, h) {
         Ok(t) => {
             end_tree(&shared, &t).await;
