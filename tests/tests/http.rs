@@ -1031,3 +1031,62 @@ fn event_updates_reach_the_right_stream_and_no_other_session() {
     assert_eq!(n["params"]["uri"], muri.as_str());
     assert_eq!(n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1", "{n}");
 }
+
+/// A download with progress over HTTP, in both eras: the progress
+/// notifications stream on the call's response, in order, before it.
+#[test]
+fn transfers_stream_progress_on_the_call_response() {
+    let dir = temp_dir("transfer");
+    let downloads = dir.join("downloads");
+    let fake = Fake::start(Some("t"));
+    let data: Vec<u8> = (0..200_000usize).map(|i| (i * 31 % 251) as u8).collect();
+    fake.fake.add_file("p.bin", data.clone());
+    fake.fake.set_fault("download_file_stream", snowluma_fake::Fault::StreamSplit(2048));
+    let url = fake.fake.url();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_STREAM_DIR", downloads.to_str().unwrap()),
+    ];
+    let s = Server::start(&dir, &env, &[]);
+    let args = json!({"action": "download_file_stream", "params": {"file": "p.bin", "chunk_size": 1000}});
+    let check = |r: &Reply, token: &Value| {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers.get("content-type").unwrap(), "text/event-stream", "{r:?}");
+        let progress: Vec<f64> = r
+            .messages
+            .iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .inspect(|m| assert_eq!(&m["params"]["progressToken"], token))
+            .map(|m| m["params"]["progress"].as_f64().unwrap())
+            .collect();
+        assert!(!progress.is_empty(), "{r:?}");
+        assert!(progress.windows(2).all(|w| w[1] > w[0]), "{progress:?}");
+        assert_eq!(*progress.last().unwrap(), data.len() as f64);
+        assert!(is_response_ok(r.last()), "{:?}", r.last());
+    };
+    let sid = s.initialize(ALICE);
+    let legacy = s.post(
+        Some(ALICE),
+        Some(&sid),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "invoke_action", "arguments": args, "_meta": {"progressToken": "dl-1"}}}),
+    );
+    check(&legacy, &json!("dl-1"));
+    let mut meta = modern_meta();
+    meta["progressToken"] = json!(7);
+    let modern = s.post(
+        Some(ALICE),
+        None,
+        &[("mcp-protocol-version", MODERN), ("mcp-method", "tools/call"), ("mcp-name", "invoke_action")],
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "invoke_action", "arguments": args, "_meta": meta}}),
+    );
+    check(&modern, &json!(7));
+}
+
+fn is_response_ok(m: &Value) -> bool {
+    m.get("result").is_some_and(|r| !is_error(r))
+}

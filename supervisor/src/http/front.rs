@@ -40,6 +40,9 @@ pub const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"
 const KEEPALIVE: Duration = Duration::from_secs(15);
 const MAX_CONNECTIONS: usize = 512;
 const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the headers (hyper) and then the body may take to arrive.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The TLS configuration from PEM texts (ring provider, TLS 1.2 and 1.3).
 pub fn tls_acceptor(cert: &str, key: &str) -> Result<tokio_rustls::TlsAcceptor, String> {
@@ -271,7 +274,7 @@ where
         .max_buf_size(64 * 1024)
         .max_headers(64)
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(HEADER_TIMEOUT);
     // A request whose connection closes is dropped with it: its guard
     // cancels it (modern) or leaves it to finish (legacy).
     let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc).await;
@@ -721,10 +724,13 @@ async fn read_body(shared: &Shared, req: Request<Incoming>) -> Result<Bytes, Res
     {
         return Err(too_large());
     }
-    match Limited::new(req.into_body(), shared.max_body).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(_) => Err(empty(StatusCode::BAD_REQUEST)),
+    // A body that trickles in holds a connection; it gets as long as the
+    // headers do.
+    match tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), shared.max_body).collect()).await {
+        Err(_elapsed) => Err(empty(StatusCode::REQUEST_TIMEOUT)),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(_)) => Err(empty(StatusCode::BAD_REQUEST)),
     }
 }
 
