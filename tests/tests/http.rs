@@ -1090,3 +1090,68 @@ fn transfers_stream_progress_on_the_call_response() {
 fn is_response_ok(m: &Value) -> bool {
     m.get("result").is_some_and(|r| !is_error(r))
 }
+
+/// A legacy client's `notifications/cancelled` names its own request id:
+/// the right call is cancelled (a write: outcome unknown) and its response
+/// stream ends without an answer.
+#[test]
+fn a_legacy_cancellation_reaches_the_right_call() {
+    let dir = temp_dir("cancel");
+    let log = dir.join("audit.jsonl");
+    let fake = Fake::start(Some("t"));
+    fake.fake.set_fault("send_group_msg", snowluma_fake::Fault::Hang);
+    let url = fake.fake.url();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_AUDIT_LOG", log.to_str().unwrap()),
+    ];
+    let s = Server::start(&dir, &env, &[]);
+    let sid = s.initialize(ALICE);
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+        "name": "invoke_action", "arguments": {"action": "send_group_msg", "params": {"group_id": 1, "message": "x"}}}});
+    let text = s.rt.block_on(async {
+        let pending = s
+            .client
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "application/json, text/event-stream")
+            .body(serde_json::to_vec(&call).unwrap())
+            .send();
+        let cancel = async {
+            while !fake.fake.requests().iter().any(|r| r.action.as_deref() == Some("send_group_msg")) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            let r = s
+                .client
+                .post(s.url())
+                .header("authorization", format!("Bearer {ALICE}"))
+                .header("mcp-session-id", &sid)
+                .body(
+                    r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5,"reason":"user"}}"#,
+                )
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 202);
+        };
+        let (resp, ()) = tokio::join!(pending, cancel);
+        let resp = resp.unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        assert_eq!(resp.headers().get("content-type").unwrap(), "text/event-stream");
+        resp.text().await.unwrap()
+    });
+    assert_eq!(text, "", "no answer for a cancelled call");
+    wait_until("the write's result is audited", || {
+        let t = std::fs::read_to_string(&log).unwrap();
+        t.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|r| r["phase"] == "result")
+    });
+    let t = std::fs::read_to_string(&log).unwrap();
+    let result: Value =
+        t.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|r| r["phase"] == "result").unwrap();
+    assert_eq!(result["outcome"], "unknown");
+    // The session goes on.
+    assert_eq!(s.call(ALICE, &sid, 6, "list_categories", json!({})).status, 200);
+}

@@ -853,6 +853,11 @@ async fn relay(
     let mut rx = sent.rx;
     let mut response = loop {
         match rx.recv().await {
+            // Cancelled by the client (no answer comes): an empty stream.
+            None if !tree.ended.is_cancelled() && wants_sse => {
+                guard.done = true;
+                break sse(None, rx, guard);
+            }
             None => {
                 guard.done = true;
                 break rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session ended before answering");

@@ -132,10 +132,13 @@ impl Tree {
         if msg.get("method").and_then(Value::as_str) == Some("notifications/cancelled") {
             let Some(client) = msg.pointer("/params/requestId").cloned() else { return true };
             let found = self.with(|st| st.pending.iter().rev().find(|(_, p)| p.client_id == client).map(|(k, _)| *k));
-            match found.flatten() {
-                Some(internal) => msg["params"]["requestId"] = json!(internal),
-                None => return true,
-            }
+            let Some(internal) = found.flatten() else { return true };
+            msg["params"]["requestId"] = json!(internal);
+            let written = self.write(&msg).await;
+            // The server answers a cancelled request with nothing: its HTTP
+            // response ends here, without one.
+            self.with(|st| st.pending.remove(&internal));
+            return written;
         }
         self.write(&msg).await
     }
