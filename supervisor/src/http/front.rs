@@ -879,3 +879,64 @@ async fn relay(
     }
     response
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn modern_headers_mirror_the_body() {
+        let msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "get_action",
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+        let ok = [("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call"), ("mcp-name", "get_action")];
+        assert!(check_modern_headers(&headers(&ok), &msg).is_ok());
+        let b64 = [
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "=?base64?Z2V0X2FjdGlvbg==?="),
+        ];
+        assert!(check_modern_headers(&headers(&b64), &msg).is_ok());
+        for bad in [
+            &[("mcp-method", "tools/call"), ("mcp-name", "get_action")][..],
+            &[("mcp-protocol-version", "2025-11-25"), ("mcp-method", "tools/call"), ("mcp-name", "get_action")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-name", "get_action")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/list"), ("mcp-name", "get_action")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call"), ("mcp-name", "other")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call"), ("mcp-name", "=?base64?!!?=")],
+        ] {
+            assert!(check_modern_headers(&headers(bad), &msg).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn digests_compare_whole() {
+        let a = [7u8; 32];
+        let mut b = a;
+        assert!(digest_eq(&a, &b));
+        b[31] ^= 1;
+        assert!(!digest_eq(&a, &b));
+        b = a;
+        b[0] ^= 0x80;
+        assert!(!digest_eq(&a, &b));
+    }
+
+    #[test]
+    fn modern_errors_map_to_their_http_status() {
+        let e = |code: i64| json!({"jsonrpc": "2.0", "id": 1, "error": {"code": code, "message": "x"}});
+        assert_eq!(modern_status(&e(-32601)), StatusCode::NOT_FOUND);
+        assert_eq!(modern_status(&e(-32022)), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(&e(-32020)), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(&e(-32602)), StatusCode::OK);
+        assert_eq!(modern_status(&json!({"jsonrpc": "2.0", "id": 1, "result": {}})), StatusCode::OK);
+    }
+}

@@ -305,3 +305,73 @@ use tokio::io::AsyncReadExt as _;
 fn cancelled(internal: u64, reason: &str) -> Value {
     json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": internal, "reason": reason}})
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use tokio::io::AsyncWriteExt as _;
+
+    async fn line(r: &mut BufReader<tokio::net::unix::OwnedReadHalf>) -> Value {
+        let mut buf = String::new();
+        r.read_line(&mut buf).await.unwrap();
+        serde_json::from_str(&buf).unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn ids_are_rewritten_both_ways_and_messages_find_their_request() {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let tree = Tree::start(1, "t".into(), ours);
+        let (r, mut w) = theirs.into_split();
+        let mut r = BufReader::new(r);
+        // Two requests with the same client id cannot collide.
+        let mut a = tree
+            .request(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"_meta": {"progressToken": "p"}}}),
+            )
+            .await
+            .unwrap();
+        let mut b = tree.request(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})).await.unwrap();
+        let (la, lb) = (line(&mut r).await, line(&mut r).await);
+        assert_ne!(la["id"], lb["id"]);
+        assert_eq!(la["id"], json!(a.internal));
+        // Progress goes to the request carrying the token; responses to their own.
+        let out = [
+            json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": "p", "progress": 1}}),
+            json!({"jsonrpc": "2.0", "id": b.internal, "result": {"tools": []}}),
+            json!({"jsonrpc": "2.0", "id": a.internal, "result": {}}),
+        ];
+        for m in out {
+            w.write_all(format!("{m}\n").as_bytes()).await.unwrap();
+        }
+        assert_eq!(a.rx.recv().await.unwrap()["method"], "notifications/progress");
+        let ra = a.rx.recv().await.unwrap();
+        assert_eq!(ra["id"], 1, "the client's id");
+        assert_eq!(b.rx.recv().await.unwrap()["result"], json!({"tools": []}));
+        assert!(a.rx.recv().await.is_none(), "the response ends the stream");
+        // A client cancellation names its own id and reaches the internal one.
+        let c = tree.request(json!({"jsonrpc": "2.0", "id": "c", "method": "tools/call"})).await.unwrap();
+        let _ = line(&mut r).await;
+        assert!(
+            tree.forward(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "c"}}))
+                .await
+        );
+        let cancel = line(&mut r).await;
+        assert_eq!(cancel["params"]["requestId"], json!(c.internal));
+        // A listen stream's notifications carry the client's id back.
+        let mut l =
+            tree.request(json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen"})).await.unwrap();
+        let _ = line(&mut r).await;
+        let n = json!({"jsonrpc": "2.0", "method": "notifications/resources/updated",
+            "params": {"uri": "x", "_meta": {SUBSCRIPTION_ID: l.internal}}});
+        w.write_all(format!("{n}\n").as_bytes()).await.unwrap();
+        let got = l.rx.recv().await.unwrap();
+        assert_eq!(got["params"]["_meta"][SUBSCRIPTION_ID], "listen-1");
+        // Ending the tree cancels what is in flight and closes the socket.
+        tree.end().await;
+        let cancel = line(&mut r).await;
+        assert_eq!(cancel["params"]["requestId"], json!(l.internal));
+        let mut rest = String::new();
+        assert_eq!(r.read_line(&mut rest).await.unwrap(), 0, "stdin closed");
+    }
+}
