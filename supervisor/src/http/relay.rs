@@ -310,7 +310,6 @@ fn cancelled(internal: u64, reason: &str) -> Value {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use tokio::io::AsyncWriteExt as _;
 
     async fn line(r: &mut BufReader<tokio::net::unix::OwnedReadHalf>) -> Value {
         let mut buf = String::new();
