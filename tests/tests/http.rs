@@ -80,7 +80,9 @@ impl Server {
             text.split("listening on ").nth(1).map(|rest| rest.split_whitespace().next().unwrap().to_owned())
         });
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder().no_proxy();
+        let mut json = reqwest::header::HeaderMap::new();
+        json.insert("content-type", reqwest::header::HeaderValue::from_static("application/json"));
+        let mut builder = reqwest::Client::builder().no_proxy().default_headers(json);
         let scheme = if let Some(cert) = tls {
             builder = builder.tls_certs_only([cert]);
             "https"
@@ -90,6 +92,13 @@ impl Server {
         let client = builder.build().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         Server { child, stderr, addr, rt, client, scheme }
+    }
+
+    /// A client with its own connection pool (JSON bodies).
+    fn client_for_another_connection(&self) -> reqwest::Client {
+        let mut json = reqwest::header::HeaderMap::new();
+        json.insert("content-type", reqwest::header::HeaderValue::from_static("application/json"));
+        reqwest::Client::builder().no_proxy().default_headers(json).build().unwrap()
     }
 
     fn port(&self) -> u16 {
@@ -336,7 +345,7 @@ fn a_modern_client_discovers_and_calls_with_mirrored_headers() {
     assert!(d.headers.get("mcp-session-id").is_none(), "no sessions in the modern era");
     // Requests of one token from one host share a tree, whatever the
     // connection; another token gets its own.
-    let other_connection = reqwest::Client::builder().no_proxy().build().unwrap();
+    let other_connection = s.client_for_another_connection();
     let mut params = json!({});
     params["_meta"] = modern_meta();
     let status = s.rt.block_on(async {
@@ -576,6 +585,37 @@ fn the_session_and_request_limits_per_token_hold() {
     wait_until("the closed stream frees the place", || {
         (s.call(ALICE, &sid, 3, "list_categories", json!({})).status == 200).then_some(())
     });
+    // A body that is not JSON, and a client that takes neither JSON nor SSE.
+    let form = s.rt.block_on(async {
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("content-type", "text/plain")
+            .body("{}")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(form, 415);
+    let html = s.rt.block_on(async {
+        s.client
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "text/html")
+            .body(r#"{"jsonrpc":"2.0","id":4,"method":"tools/list"}"#)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(html, 406);
     // A body over the limit is refused before it is read.
     let mut conn = std::net::TcpStream::connect(&s.addr).unwrap();
     let head = format!(
@@ -1000,7 +1040,7 @@ fn event_updates_reach_the_right_stream_and_no_other_session() {
         json!({"name": "subscribe_events", "arguments": {"self_id": SELF_ID}}),
     );
     let muri = structured(&r.last()["result"])["result"]["uri"].as_str().unwrap().to_owned();
-    let listener = reqwest::Client::builder().no_proxy().build().unwrap();
+    let listener = s.client_for_another_connection();
     let (ack, n) = s.rt.block_on(async {
         let mut params = json!({"notifications": {"resourceSubscriptions": [muri]}});
         params["_meta"] = modern_meta();

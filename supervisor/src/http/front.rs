@@ -739,6 +739,25 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
     let accept = header_str(&headers, "accept").unwrap_or("").to_ascii_lowercase();
     let any = accept.is_empty() || accept.contains("*/*");
     let wants_sse = any || accept.contains("text/event-stream");
+    if !(any || wants_sse || accept.contains("application/json")) {
+        return rpc_error(
+            StatusCode::NOT_ACCEPTABLE,
+            Value::Null,
+            -32000,
+            "Not Acceptable: accept application/json and text/event-stream",
+        );
+    }
+    let json_body = header_str(&headers, "content-type")
+        .and_then(|c| c.split(';').next())
+        .is_some_and(|c| c.trim().eq_ignore_ascii_case("application/json"));
+    if !json_body {
+        return rpc_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Value::Null,
+            -32000,
+            "Unsupported Media Type: application/json",
+        );
+    }
     let body = match read_body(&shared, req).await {
         Ok(b) => b,
         Err(r) => return r,
