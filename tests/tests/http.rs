@@ -1195,3 +1195,53 @@ fn a_legacy_cancellation_reaches_the_right_call() {
     // The session goes on.
     assert_eq!(s.call(ALICE, &sid, 6, "list_categories", json!({})).status, 200);
 }
+
+/// Modern input completion over HTTP: the `input_required` result's
+/// `requestState` is redeemed from another connection of the same client;
+/// another token's tree cannot redeem it.
+#[test]
+fn a_modern_input_round_survives_a_new_connection_but_not_another_token() {
+    let dir = temp_dir("mrtr");
+    let fake = Fake::start(Some("t0k"));
+    let url = fake.fake.url();
+    let env = [("SNOWLUMA_MCP_ENDPOINT", url.as_str()), ("SNOWLUMA_MCP_MODE", "write"), ("SNOWLUMA_MCP_TOKEN", "t0k")];
+    let s = Server::start(&dir, &env, &[]);
+    let caps = json!({"elicitation": {"form": {}}});
+    let args = json!({"action": "send_group_msg", "params": {"group_id": 20001}});
+    let params = |extra: Value| {
+        let mut p =
+            json!({"name": "invoke_action_with_input", "arguments": args, "_meta": modern_meta_with(caps.clone())});
+        if let Value::Object(m) = extra {
+            for (k, v) in m {
+                p[k] = v;
+            }
+        }
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": p})
+    };
+    let h = [("mcp-protocol-version", MODERN), ("mcp-method", "tools/call"), ("mcp-name", "invoke_action_with_input")];
+    let first = s.post(Some(ALICE), None, &h, &params(json!({})));
+    let r = &first.last()["result"];
+    assert_eq!(r["resultType"], "input_required", "{first:?}");
+    let state = r["requestState"].as_str().unwrap().to_owned();
+    let retry = params(json!({"requestState": state,
+        "inputResponses": {"params": {"action": "accept", "content": {"params_json": "{\"message\":\"Hello\"}"}}}}));
+    // Bob's tree knows nothing of it.
+    let stolen = s.post(Some(BOB), None, &h, &retry);
+    assert!(stolen.last().get("error").is_some() || is_error(&stolen.last()["result"]), "{stolen:?}");
+    assert!(fake.fake.requests().is_empty(), "nothing executed for bob");
+    // Alice, on a fresh connection.
+    let other = s.client_for_another_connection();
+    let done: Value = s.rt.block_on(async {
+        let mut req =
+            other.post(s.url()).header("authorization", format!("Bearer {ALICE}")).header("accept", "application/json");
+        for (k, v) in h {
+            req = req.header(k, v);
+        }
+        let text = req.body(serde_json::to_vec(&retry).unwrap()).send().await.unwrap().text().await.unwrap();
+        serde_json::from_str(&text).unwrap()
+    });
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    assert!(!is_error(&done["result"]), "{done}");
+    let sent: Vec<Value> = fake.fake.requests().iter().filter_map(|r| r.json()).collect();
+    assert_eq!(sent, [json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}})]);
+}
