@@ -121,8 +121,11 @@ pub enum Command {
         action: AuditCommand,
     },
     /// Serve MCP over Streamable HTTP (both eras) on a loopback address or a Unix socket, with
-    /// bearer tokens; each MCP session (or modern connection) gets its own confined server tree,
-    /// configured by the options and variables above.
+    /// bearer tokens.
+    ///
+    /// Each legacy MCP session, and the modern requests of one token from one client host, get
+    /// their own confined server tree, configured by the SNOWLUMA_MCP_* variables and by the
+    /// options given before `serve-http`. See the README, "Remote access (serve-http)".
     ServeHttp(ServeHttpArgs),
 }
 
@@ -150,7 +153,7 @@ pub struct ServeHttpArgs {
     /// An accepted Host header (host[:port]); repeatable.
     #[arg(long, value_name = "HOST[:PORT]")]
     pub allowed_host: Vec<String>,
-    /// Concurrent sessions (legacy sessions and modern connections with a server tree) per token.
+    /// Concurrent server trees per token (legacy sessions; modern: one per client host).
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub max_sessions_per_token: u32,
     /// Concurrent requests (including open streams) per token.

@@ -602,6 +602,10 @@ async fn reaper(shared: Arc<Shared>) {
             }
             end_tree(&shared, &t).await;
         }
+        // Forget ended modern trees (not while a spawn holds the map).
+        if let Ok(mut modern) = shared.modern.try_lock() {
+            modern.retain(|_, t| !t.ended.is_cancelled());
+        }
     }
 }
 
