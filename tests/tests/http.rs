@@ -836,6 +836,11 @@ fn the_front_is_confined_and_serves_a_unix_socket() {
     std::io::Read::read_to_string(&mut conn, &mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("supportedVersions"), "{text}");
+    // Neither the SnowLuma token nor an access token nobody presented is in
+    // the front's memory (it got digests); the session tree's supervisor
+    // scrubbed its copy of the SnowLuma token, as in stdio mode.
+    assert_eq!(memory_contains(front, b"snowluma-secret-token-value"), Some(false));
+    assert_eq!(memory_contains(front, ALICE2.as_bytes()), Some(false));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher), nix::sys::signal::SIGTERM).unwrap();
     let st = wait_exit(&mut child, "serve-http stops on SIGTERM");
     assert!(st.success(), "{st:?}");
@@ -1244,4 +1249,33 @@ fn a_modern_input_round_survives_a_new_connection_but_not_another_token() {
     assert!(!is_error(&done["result"]), "{done}");
     let sent: Vec<Value> = fake.fake.requests().iter().filter_map(|r| r.json()).collect();
     assert_eq!(sent, [json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}})]);
+}
+
+/// Whether `needle` is in a process's writable memory (None: unreadable).
+fn memory_contains(pid: i32, needle: &[u8]) -> Option<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut read_any = false;
+    for line in maps.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else { continue };
+        if !perms.starts_with("rw") {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (u64::from_str_radix(a, 16).unwrap(), u64::from_str_radix(b, 16).unwrap());
+        if b - a > 256 << 20 {
+            continue;
+        }
+        let mut buf = vec![0u8; (b - a) as usize];
+        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        read_any = true;
+        if buf.windows(needle.len()).any(|w| w == needle) {
+            return Some(true);
+        }
+    }
+    read_any.then_some(false)
 }
