@@ -801,6 +801,9 @@ fn the_front_is_confined_and_serves_a_unix_socket() {
     let dir = temp_dir("unix");
     let tokens = token_file(&dir);
     let sock = dir.join("mcp.sock");
+    // A socket left behind by a server that is gone is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
     let mut child = command(
         &[("SNOWLUMA_MCP_TOKEN", "snowluma-secret-token-value")],
         &["serve-http", "--listen", sock.to_str().unwrap(), "--http-token-file", tokens.to_str().unwrap()],

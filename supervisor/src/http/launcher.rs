@@ -107,7 +107,7 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
             Ok(l) => Listener::Tcp(l),
             Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
         },
-        Listen::Unix(path) => match std::os::unix::net::UnixListener::bind(path) {
+        Listen::Unix(path) => match bind_unix(path) {
             Ok(l) => Listener::Unix(l, path.clone()),
             Err(e) => return fail(format!("cannot listen on {}: {e}", path.display())),
         },
@@ -157,6 +157,27 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
         let _ = std::fs::remove_file(path);
     }
     code
+}
+
+/// Bind a Unix socket; a socket left behind by a server that is gone (a
+/// connection is refused) is replaced, anything else at the path is not.
+fn bind_unix(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::os::unix::net::UnixListener::bind(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let is_socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+            let refused = matches!(
+                std::os::unix::net::UnixStream::connect(path),
+                Err(c) if c.kind() == std::io::ErrorKind::ConnectionRefused
+            );
+            if !(is_socket && refused) {
+                return Err(e);
+            }
+            std::fs::remove_file(path)?;
+            std::os::unix::net::UnixListener::bind(path)
+        }
+        other => other,
+    }
 }
 
 /// The sessions' command line: the options given before `serve-http`
