@@ -1212,8 +1212,8 @@ fn a_modern_input_round_survives_a_new_connection_but_not_another_token() {
     let dir = temp_dir("mrtr");
     let fake = Fake::start(Some("t0k"));
     let url = fake.fake.url();
-    let env = [("SNOWLUMA_MCP_ENDPOINT", url.as_str()), ("SNOWLUMA_MCP_MODE", "write"), ("SNOWLUMA_MCP_TOKEN", "t0k")];
-    let s = Server::start(&dir, &env, &[]);
+    // The sessions' options may follow `serve-http` (here: mode and endpoint).
+    let s = Server::start(&dir, &[("SNOWLUMA_MCP_TOKEN", "t0k")], &["--mode", "write", "--endpoint", url.as_str()]);
     let caps = json!({"elicitation": {"form": {}}});
     let args = json!({"action": "send_group_msg", "params": {"group_id": 20001}});
     let params = |extra: Value| {

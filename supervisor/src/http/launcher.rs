@@ -180,8 +180,9 @@ fn bind_unix(path: &std::path::Path) -> std::io::Result<std::os::unix::net::Unix
     }
 }
 
-/// The sessions' command line: the options given before `serve-http`
-/// (the variables reach them through the environment they inherit).
+/// The sessions' command line: the session options given on ours (before
+/// or after `serve-http`; the variables reach them through the environment
+/// they inherit).
 fn session_args(cli: &Cli) -> Vec<OsString> {
     let mut v: Vec<OsString> = Vec::new();
     let mut add = |flag: &str, value: Option<OsString>| {
