@@ -7,6 +7,8 @@
 //!
 //! * the supervisor: [`confine_supervisor`];
 //! * the spawner: [`confine_spawner`] with its [`SpawnerGrants`];
+//! * the HTTP front of `serve-http`: [`prepare_http_front`], then
+//!   [`confine_http_front`];
 //! * each worker: [`prepare_worker`], then (once its current-thread runtime
 //!   exists) [`confine_worker`] with the [`Grants`] on its command line.
 //!
@@ -32,6 +34,7 @@ pub mod support;
 pub use crate::landlock::{Enforcement, LandlockReport};
 pub use crate::profile::ConfineError;
 pub use crate::profile::SupervisorReport;
+pub use crate::profile::http::{confine_http_front, prepare_http_front};
 pub use crate::profile::spawner::{SpawnerGrants, confine_spawner, own_interpreter};
 pub use crate::profile::supervisor::confine_supervisor;
 pub use crate::profile::worker::{

@@ -26,6 +26,9 @@ use crate::profile::spawner::{SpawnerGrants, confine_spawner};
 use crate::profile::supervisor::confine_supervisor;
 use crate::profile::worker::{Grants, confine_worker, prepare_worker};
 
+/// The HTTP front's name in probe mode and in `doctor`.
+pub const HTTP_FRONT_ROLE: &str = "http-front";
+
 /// Hidden first argument of probe mode.
 pub const PROBE_ARG: &str = "__snowluma-probe";
 
@@ -368,6 +371,11 @@ pub fn probe_main(args: &[String]) -> ExitCode {
     let report = match role.as_str() {
         // The same entry points, in the same order, as in service.
         "supervisor" => confine_supervisor(false).map(|r| serde_json::to_value(r).unwrap_or_default()),
+        // serve-http's front: prepared and confined as in service (no
+        // runtime exists here, which it would have built in between).
+        HTTP_FRONT_ROLE => crate::profile::http::prepare_http_front()
+            .and_then(|()| crate::profile::http::confine_http_front(false))
+            .map(|r| serde_json::to_value(r).unwrap_or_default()),
         "spawner" => {
             let tcp_ports = match Grants::from_args(Role::Catalog, &grant_args) {
                 Ok(g) => g.tcp_ports,

@@ -114,6 +114,11 @@ pub fn apply_supervisor() -> Result<usize, SeccompError> {
     install(compile_lists(policy::SUPERVISOR, policy::SUPERVISOR_REFUSED, SeccompAction::KillProcess)?)
 }
 
+/// The HTTP front's filters (see [`policy::HTTP_FRONT`]).
+pub fn apply_http_front() -> Result<usize, SeccompError> {
+    install(compile_lists(policy::HTTP_FRONT, policy::HTTP_FRONT_REFUSED, SeccompAction::KillProcess)?)
+}
+
 /// The spawner's filters: the deny-list ([`policy::SPAWNER_DENY`], those
 /// calls kill) and the refusals ([`policy::SPAWNER_REFUSED`], answered
 /// `EACCES`); everything else is left to the workers' own allow-lists.
@@ -183,6 +188,33 @@ mod tests {
                     a.name
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_http_front_may_accept_but_not_exec_connect_open_or_listen_anew() {
+        let p = compile_lists(policy::HTTP_FRONT, policy::HTTP_FRONT_REFUSED, SeccompAction::KillProcess).unwrap();
+        assert_eq!(p.len(), 2, "the allow-list and the EACCES list");
+        let allowed: Vec<i64> = policy::BASE.iter().chain(policy::HTTP_FRONT).map(|a| a.nr).collect();
+        assert!(allowed.contains(&nix::libc::SYS_accept4));
+        for forbidden in [
+            nix::libc::SYS_execve,
+            nix::libc::SYS_execveat,
+            nix::libc::SYS_ptrace,
+            nix::libc::SYS_kill,
+            nix::libc::SYS_bind,
+            nix::libc::SYS_listen,
+            nix::libc::SYS_socketpair,
+            nix::libc::SYS_clone,
+            nix::libc::SYS_clone3,
+            nix::libc::SYS_memfd_create,
+        ] {
+            assert!(!allowed.contains(&forbidden), "the front allows {forbidden}");
+        }
+        // socket, connect and openat pass the allow-list only to be refused.
+        let refused: Vec<i64> = policy::HTTP_FRONT_REFUSED.iter().flat_map(|(_, l)| l.iter()).map(|a| a.nr).collect();
+        for nr in [nix::libc::SYS_socket, nix::libc::SYS_connect, nix::libc::SYS_openat] {
+            assert!(refused.contains(&nr));
         }
     }
 

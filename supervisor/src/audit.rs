@@ -134,6 +134,16 @@ pub struct Peer {
     pub pid: i32,
 }
 
+/// Who the session serves, named on every record: the local peer of a
+/// socket-activated connection (`SO_PEERCRED`), or the principal of a
+/// `serve-http` session (the access token's id and the client's address,
+/// given by the launcher).
+#[derive(Debug, Clone)]
+pub enum Principal {
+    Local(Peer),
+    Http { token_id: String, peer: String },
+}
+
 /// Where the server takes the audit key from.
 #[derive(Debug, Clone)]
 pub enum KeySource {
@@ -674,7 +684,7 @@ struct Files {
 struct Inner {
     files: Mutex<Files>,
     key: Key,
-    peer: Option<Peer>,
+    peer: Option<Principal>,
 }
 
 /// Open the head file, creating it (blank, 0600) only for a log without a
@@ -708,7 +718,7 @@ impl AuditLog {
     /// the head (recovering a torn last line) and write an `open` record, so
     /// a log that cannot be written, or lost records, stops startup instead
     /// of the first write.
-    pub fn open(path: &Path, key: &KeySource, peer: Option<Peer>, mode: &str) -> Result<AuditLog, AuditError> {
+    pub fn open(path: &Path, key: &KeySource, peer: Option<Principal>, mode: &str) -> Result<AuditLog, AuditError> {
         let key = match key {
             KeySource::BesideLog => load_or_create_key(&key_path(path))?,
             KeySource::File(p) => read_key(p)?,
@@ -786,8 +796,14 @@ impl AuditLog {
         m.insert("seq".into(), json!(seq));
         m.insert("ts".into(), json!(now_rfc3339()));
         m.insert("prev".into(), json!(prev));
-        if let Some(p) = self.inner.peer {
-            m.insert("peer".into(), json!(p));
+        match &self.inner.peer {
+            Some(Principal::Local(p)) => {
+                m.insert("peer".into(), json!(p));
+            }
+            Some(Principal::Http { token_id, peer }) => {
+                m.insert("principal".into(), json!({"via": "http", "token_id": token_id, "peer": peer}));
+            }
+            None => {}
         }
         m.append(&mut rec);
         let body = serde_json::to_vec(&Value::Object(m)).map_err(std::io::Error::other)?;

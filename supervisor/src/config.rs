@@ -44,53 +44,53 @@ impl Mode {
 #[command(name = "snowluma-mcp", version, about, long_about, after_help = ENV_ONLY_HELP)]
 pub struct Cli {
     /// docs, read or write (default: read with an endpoint, docs without).
-    #[arg(long, env = "SNOWLUMA_MCP_MODE", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_MODE", hide_env_values = true)]
     pub mode: Option<String>,
     /// OneBot HTTP endpoint, e.g. http://127.0.0.1:3000/ (POSTed to exactly as given). A host
     /// name (not an IP literal) is resolved once, at startup before confinement; if its address
     /// changes later, restart the server.
-    #[arg(long, env = "SNOWLUMA_MCP_ENDPOINT", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_ENDPOINT", hide_env_values = true)]
     pub endpoint: Option<String>,
     /// Read the access token from this file instead of SNOWLUMA_MCP_TOKEN.
-    #[arg(long, value_name = "PATH")]
+    #[arg(global = true, long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// Request timeout in milliseconds (also stream connect and idle timeout).
-    #[arg(long, env = "SNOWLUMA_MCP_TIMEOUT_MS", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_TIMEOUT_MS", hide_env_values = true)]
     pub timeout_ms: Option<String>,
     /// Directory on this host for downloaded stream files.
-    #[arg(long, env = "SNOWLUMA_MCP_STREAM_DIR", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_STREAM_DIR", hide_env_values = true)]
     pub stream_dir: Option<String>,
     /// Directory on this host from which automatic uploads may read.
-    #[arg(long, env = "SNOWLUMA_MCP_UPLOAD_ROOT", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_UPLOAD_ROOT", hide_env_values = true)]
     pub upload_root: Option<String>,
     /// Per-file limit for uploads and downloads, in bytes (1 to 4 GiB).
-    #[arg(long, env = "SNOWLUMA_MCP_MAX_STREAM_BYTES", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_MAX_STREAM_BYTES", hide_env_values = true)]
     pub max_stream_bytes: Option<String>,
     /// OneBot WebSocket event endpoint (ws:// or wss://).
-    #[arg(long, env = "SNOWLUMA_MCP_EVENTS_URL", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_EVENTS_URL", hide_env_values = true)]
     pub events_url: Option<String>,
     /// Private directory for persistent background tasks (absolute path).
-    #[arg(long, env = "SNOWLUMA_MCP_TASK_DIR", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_TASK_DIR", hide_env_values = true)]
     pub task_dir: Option<String>,
     /// Tamper-evident audit log of executed and refused actions (absolute path): hash-chained,
     /// MAC'd JSON lines, with <LOG>.head anchoring its end. Check it with `snowluma-mcp audit
     /// verify LOG`.
-    #[arg(long, env = "SNOWLUMA_MCP_AUDIT_LOG", hide_env_values = true, value_name = "LOG")]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_AUDIT_LOG", hide_env_values = true, value_name = "LOG")]
     pub audit_log: Option<String>,
     /// The audit log's HMAC key file (absolute path; 64 hex characters). Read at startup and never
     /// created: make it with `snowluma-mcp audit keygen FILE`. Default: <LOG>.key beside the log,
     /// created 0600 on first use. Keep it outside the log's directory (e.g. systemd
     /// LoadCredential=) so that whoever can write the log cannot forge records or its head.
-    #[arg(long, env = "SNOWLUMA_MCP_AUDIT_KEY", hide_env_values = true, value_name = "FILE")]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_AUDIT_KEY", hide_env_values = true, value_name = "FILE")]
     pub audit_key: Option<String>,
     /// Only these actions may run (comma-separated names or aliases).
-    #[arg(long, env = "SNOWLUMA_MCP_ALLOW_ACTIONS", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_ALLOW_ACTIONS", hide_env_values = true)]
     pub allow_actions: Option<String>,
     /// These actions never run (comma-separated names or aliases; wins over allow).
-    #[arg(long, env = "SNOWLUMA_MCP_DENY_ACTIONS", hide_env_values = true)]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_DENY_ACTIONS", hide_env_values = true)]
     pub deny_actions: Option<String>,
     /// Diagnostics filter for stderr (e.g. info, debug, snowluma_mcp=trace).
-    #[arg(long, env = "SNOWLUMA_MCP_LOG", hide_env_values = true, default_value = "info,rmcp=warn")]
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_LOG", hide_env_values = true, default_value = "info,rmcp=warn")]
     pub log: String,
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -120,6 +120,48 @@ pub enum Command {
         #[command(subcommand)]
         action: AuditCommand,
     },
+    /// Serve MCP over Streamable HTTP (both eras) on a loopback address or a Unix socket, with
+    /// bearer tokens.
+    ///
+    /// Each legacy MCP session, and the modern requests of one token from one client host, get
+    /// their own confined server tree, configured by the SNOWLUMA_MCP_* variables and options
+    /// as the stdio server is. See the README, "Remote access (serve-http)".
+    ServeHttp(ServeHttpArgs),
+}
+
+/// `snowluma-mcp serve-http`: see README "Remote access (serve-http)".
+#[derive(Debug, clap::Args)]
+pub struct ServeHttpArgs {
+    /// HOST:PORT (loopback unless --allow-remote with TLS) or an absolute Unix socket path.
+    #[arg(long, value_name = "HOST:PORT|PATH")]
+    pub listen: String,
+    /// Access tokens, one `ID:TOKEN` per line (mode 0600 or stricter); re-read on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub http_token_file: PathBuf,
+    /// TLS certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM); needs --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow a non-loopback TCP address (TLS required).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// An accepted Origin (scheme://host[:port]); repeatable. A request without Origin is accepted.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allowed_origin: Vec<String>,
+    /// An accepted Host header (host[:port]); repeatable.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub allowed_host: Vec<String>,
+    /// Concurrent server trees per token (legacy sessions; modern: one per client host).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_sessions_per_token: u32,
+    /// Concurrent requests (including open streams) per token.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub max_requests_per_token: u32,
+    /// Seconds after which a session without requests or open streams ends.
+    #[arg(long, value_name = "SECS", default_value_t = 900)]
+    pub idle_timeout: u64,
 }
 
 #[derive(Debug, clap::Subcommand)]

@@ -1,7 +1,8 @@
 //! `snowluma-mcp doctor`: what confinement this kernel enforces, per role,
 //! and escape probes that prove it.
 //!
-//! For every role (supervisor, spawner, catalog, network, files) the doctor starts
+//! For every role (supervisor, spawner, catalog, network, files, tasks, and
+//! serve-http's HTTP front) the doctor starts
 //! this binary in probe mode (`__snowluma-probe <role> <probe> [k=v…]`,
 //! `snowluma_sandbox::probe::probe_main`): the child confines itself through
 //! the same `snowluma_sandbox` entry point that role runs in service, prints
@@ -22,7 +23,7 @@ use std::process::{Command, ExitCode, Stdio};
 use serde_json::{Value, json};
 use snowluma_sandbox::fds::{FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, TASKS_DIR_FD};
 use snowluma_sandbox::landlock::PINNED_ABI_NUMBER;
-use snowluma_sandbox::probe::{EXEC_MARKER, PROBE_ARG, Probe};
+use snowluma_sandbox::probe::{EXEC_MARKER, HTTP_FRONT_ROLE, PROBE_ARG, Probe};
 
 /// A probe the doctor runs, and what must happen.
 struct Case {
@@ -359,7 +360,7 @@ pub fn run(as_json: bool) -> ExitCode {
     let support = snowluma_sandbox::Support::detect();
     let mut ok = true;
     let mut roles_out = Vec::new();
-    for role in ["supervisor", "spawner", "catalog", "network", "files", "tasks"] {
+    for role in ["supervisor", "spawner", "catalog", "network", "files", "tasks", HTTP_FRONT_ROLE] {
         let mut report = Value::Null;
         let mut probes = Vec::new();
         for case in cases(role, &setup) {

@@ -8,6 +8,7 @@ mod doctor;
 mod endpoint;
 mod events;
 mod gates;
+mod http;
 mod policy;
 mod progress;
 mod runtime;
@@ -41,7 +42,7 @@ use crate::workers::{Attach, ChannelDir, SpawnSpec, WorkerSlot};
 /// is capped at INFO whatever the filter says: rmcp's and the HTTP stack's
 /// debug and trace lines carry message texts, file paths and whatever
 /// SnowLuma answered (a reflected token included).
-fn init_tracing(filter: &str) {
+pub(crate) fn init_tracing(filter: &str) {
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -80,6 +81,12 @@ fn main() -> ExitCode {
         init_tracing(args.get(3).map(String::as_str).unwrap_or("info"));
         return snowluma_workers::worker_main(role, args.get(4..).unwrap_or_default());
     }
+    if args.get(1).map(String::as_str) == Some(http::FRONT_ARG) {
+        // The HTTP front of `serve-http` (started by its launcher only).
+        init_tracing(args.get(2).map(String::as_str).unwrap_or("info"));
+        let unconfined_ok = args.get(3).map(String::as_str) == Some(snowluma_sandbox::UNCONFINED_OK_ARG);
+        return http::front::main(unconfined_ok);
+    }
     if args.get(1).map(String::as_str) == Some(PROBE_ARG) {
         // Escape probe (doctor and tests only): confine as a role, try one
         // forbidden operation, report.
@@ -91,6 +98,9 @@ fn main() -> ExitCode {
     }
     if let Some(config::Command::Audit { action }) = &cli.command {
         return audit_command(action, cli.audit_key.as_deref());
+    }
+    if let Some(config::Command::ServeHttp(opts)) = &cli.command {
+        return http::launcher::run(&cli, opts);
     }
     let config = match Config::resolve(&cli) {
         Ok(c) => c,
@@ -122,6 +132,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Who this session serves: the serve-http launcher names the HTTP
+    // principal (read once, then scrubbed); otherwise the socket's peer.
+    let principal = http::take_session_principal().or_else(|| stdin_peer().map(audit::Principal::Local));
     // The audit log is opened before anything can execute; a log that
     // cannot be written stops startup (fail closed).
     let audit = match &config.audit_log {
@@ -131,7 +144,7 @@ fn main() -> ExitCode {
                 Some(k) => audit::KeySource::File(k.clone()),
                 None => audit::KeySource::BesideLog,
             };
-            match audit::AuditLog::open(path, &key, stdin_peer(), config.mode.as_str()) {
+            match audit::AuditLog::open(path, &key, principal.clone(), config.mode.as_str()) {
                 Ok(log) => Some(log),
                 Err(e) if e.is_integrity() => {
                     eprintln!("snowluma-mcp: refusing to start: audit log {}: {e}", path.display());

@@ -28,7 +28,7 @@ fn doctor_blocks_every_escape_probe_for_every_role() {
     assert!(out.status.success(), "doctor failed: {doc:#}");
     assert_eq!(doc["ok"], true, "{doc:#}");
     let roles: Vec<&str> = doc["roles"].as_array().unwrap().iter().map(|r| r["role"].as_str().unwrap()).collect();
-    assert_eq!(roles, ["supervisor", "spawner", "catalog", "network", "files", "tasks"]);
+    assert_eq!(roles, ["supervisor", "spawner", "catalog", "network", "files", "tasks", "http-front"]);
     for r in doc["roles"].as_array().unwrap() {
         let c = &r["confinement"];
         assert_eq!(c["landlock"]["status"], "fully_enforced", "{r:#}");
@@ -76,6 +76,7 @@ fn a_probe_that_makes_a_forbidden_syscall_is_killed_by_sigsys() {
         ("files", "new-socket"),
         ("tasks", "new-socket"),
         ("tasks", "exec-shell"),
+        ("http-front", "exec-shell"),
     ] {
         let out = Command::new(bin_path())
             .args(["__snowluma-probe", role, probe, "ports=9"])

@@ -3,6 +3,7 @@
 //!
 //! * [`supervisor`]: the MCP endpoint's seccomp allow-list;
 //! * [`spawner`]: the deny-list and refusals every worker also starts under;
+//! * [`http`]: the HTTP front of `serve-http` (its allow-list on top of [`BASE`]);
 //! * [`catalog`], [`network`], [`files`], [`tasks`]: each worker role's
 //!   seccomp allow-list on top of [`BASE`], and the descriptors it keeps.
 //!
@@ -20,6 +21,7 @@
 
 pub mod catalog;
 pub mod files;
+pub mod http;
 pub mod network;
 pub mod spawner;
 pub mod supervisor;
@@ -27,6 +29,7 @@ pub mod tasks;
 
 pub use self::catalog::CATALOG;
 pub use self::files::FILES;
+pub use self::http::{HTTP_FRONT, HTTP_FRONT_REFUSED};
 pub use self::network::NETWORK;
 pub use self::spawner::{SPAWNER_DENY, SPAWNER_REFUSED};
 pub use self::supervisor::{SUPERVISOR, SUPERVISOR_REFUSED};

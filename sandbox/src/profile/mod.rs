@@ -4,12 +4,15 @@
 //!
 //! * [`supervisor::confine_supervisor`], from the supervisor's `main`;
 //! * [`spawner::confine_spawner`], in the spawner right after its fork;
+//! * [`http::prepare_http_front`] then [`http::confine_http_front`], from the
+//!   HTTP front of `serve-http`;
 //! * [`worker::prepare_worker`] then [`worker::confine_worker`], from each
 //!   worker's `worker_main`.
 //!
 //! The escape probes ([`crate::probe`]) confine themselves through the same
 //! functions, so `doctor` tests exactly what runs in service.
 
+pub mod http;
 pub mod spawner;
 pub mod supervisor;
 pub mod worker;

@@ -1,0 +1,965 @@
+//! The HTTP front of `serve-http`: accepts connections (TLS when
+//! configured), checks `Host`, `Origin`, the bearer token and the limits,
+//! and relays JSON-RPC between Streamable HTTP and each session tree's
+//! stdio socket. It holds no SnowLuma token and opens no file: its
+//! listener, its control socket and the sessions' sockets are given to it.
+
+// An early HTTP answer travels as the `Err` of the checks; it is built once
+// per refused request, so boxing it would buy nothing.
+#![allow(clippy::result_large_err)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::{Value, json};
+use sha2::Digest;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::control::{Channel, FrontSetup, ToFront, ToLauncher, TokenDigest};
+use super::relay::Tree;
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// The listener and the control socket, as the launcher places them.
+pub const LISTENER_FD: i32 = 3;
+pub const CONTROL_FD: i32 = 4;
+/// The protocol versions of the session-based (legacy) era.
+pub const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
+const KEEPALIVE: Duration = Duration::from_secs(15);
+const MAX_CONNECTIONS: usize = 512;
+const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the headers (hyper) and then the body may take to arrive.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The TLS configuration from PEM texts (ring provider, TLS 1.2 and 1.3).
+pub fn tls_acceptor(cert: &str, key: &str) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("the certificate is not PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err("no certificate in the certificate file".into());
+    }
+    let key =
+        PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| format!("the key is not a PEM private key: {e}"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("certificate and key do not fit: {e}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The front's whole life; `allow_unconfined` lets it serve on a kernel
+/// that cannot fully confine it (the operator's opt-out).
+pub fn main(allow_unconfined: bool) -> ExitCode {
+    // Name, descriptors, capabilities, no new privileges: before anything
+    // else runs in this process.
+    if let Err(e) = snowluma_sandbox::prepare_http_front() {
+        eprintln!("snowluma-mcp: the HTTP front cannot prepare its confinement: {e}");
+        return ExitCode::from(2);
+    }
+    // SAFETY: the launcher placed the control socket on fd 4 and the
+    // listener on fd 3 for this process alone; each is taken once.
+    let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    // SAFETY: as above.
+    let listener = unsafe { OwnedFd::from_raw_fd(LISTENER_FD) };
+    let setup = match super::control::recv_blocking::<ToFront>(&control) {
+        Ok((ToFront::Setup(s), _)) => *s,
+        Ok(_) | Err(_) => {
+            eprintln!("snowluma-mcp: the HTTP front received no setup");
+            return ExitCode::from(2);
+        }
+    };
+    let tls = match &setup.tls {
+        None => None,
+        Some((cert, key)) => match tls_acceptor(cert, key) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                eprintln!("snowluma-mcp: the HTTP front: TLS: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("snowluma-mcp: the HTTP front cannot start its runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The runtime exists (its epoll and eventfd were made before the filter
+    // forbids making them) and no thread was started: confine now.
+    match snowluma_sandbox::confine_http_front(allow_unconfined) {
+        Ok(report) => tracing::debug!(seccomp = report.seccomp, "the HTTP front is confined"),
+        Err(e) => {
+            eprintln!("snowluma-mcp: the HTTP front cannot confine itself: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    match rt.block_on(serve(setup, tls, listener, control)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "the HTTP front stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Default)]
+struct Usage {
+    sessions: u32,
+    requests: u32,
+}
+
+/// Who waits for the launcher's answer to a spawn: the session number and
+/// its socket, or `None` if it failed.
+type SpawnWaiter = oneshot::Sender<Option<(u64, OwnedFd)>>;
+
+struct Shared {
+    allowed_hosts: Vec<String>,
+    allowed_origins: Vec<String>,
+    max_sessions: u32,
+    max_requests: u32,
+    idle: Duration,
+    max_body: usize,
+    tokens: Mutex<Vec<TokenDigest>>,
+    /// Legacy sessions by `Mcp-Session-Id`.
+    sessions: Mutex<HashMap<String, Arc<Tree>>>,
+    /// Modern trees by (token id, client host); held across a spawn so that
+    /// concurrent first requests start one tree.
+    modern: tokio::sync::Mutex<HashMap<(String, String), Arc<Tree>>>,
+    /// Every live tree (legacy and modern).
+    trees: Mutex<Vec<Arc<Tree>>>,
+    usage: Mutex<HashMap<String, Usage>>,
+    control: Channel,
+    spawns: Mutex<HashMap<u64, SpawnWaiter>>,
+    next_req: AtomicU64,
+    shutdown: CancellationToken,
+}
+
+enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+async fn serve(
+    setup: FrontSetup,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    listener: OwnedFd,
+    control: OwnedFd,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let listener = if setup.unix {
+        let l = std::os::unix::net::UnixListener::from(listener);
+        l.set_nonblocking(true)?;
+        Listener::Unix(tokio::net::UnixListener::from_std(l)?)
+    } else {
+        let l = std::net::TcpListener::from(listener);
+        l.set_nonblocking(true)?;
+        Listener::Tcp(tokio::net::TcpListener::from_std(l)?)
+    };
+    let shared = Arc::new(Shared {
+        allowed_hosts: setup.allowed_hosts,
+        allowed_origins: setup.allowed_origins,
+        max_sessions: setup.max_sessions_per_token,
+        max_requests: setup.max_requests_per_token,
+        idle: Duration::from_secs(setup.idle_timeout_secs),
+        max_body: setup.max_body_bytes,
+        tokens: Mutex::new(setup.tokens),
+        sessions: Mutex::new(HashMap::new()),
+        modern: tokio::sync::Mutex::new(HashMap::new()),
+        trees: Mutex::new(Vec::new()),
+        usage: Mutex::new(HashMap::new()),
+        control: Channel::new(control)?,
+        spawns: Mutex::new(HashMap::new()),
+        next_req: AtomicU64::new(1),
+        shutdown: CancellationToken::new(),
+    });
+    tokio::spawn(control_loop(shared.clone()));
+    tokio::spawn(reaper(shared.clone()));
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            _ = shared.shutdown.cancelled() => return Ok(()),
+            a = accept(&listener) => a,
+        };
+        let (io, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "serve-http: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!("serve-http: too many connections; one was refused");
+            continue;
+        };
+        let shared = shared.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            match (io, tls) {
+                (Accepted::Tcp(s), Some(tls)) => {
+                    match tokio::time::timeout(Duration::from_secs(10), tls.accept(s)).await {
+                        Ok(Ok(s)) => connection(shared, s, peer).await,
+                        _ => tracing::debug!("serve-http: TLS handshake failed"),
+                    }
+                }
+                (Accepted::Tcp(s), None) => connection(shared, s, peer).await,
+                (Accepted::Unix(s), _) => connection(shared, s, peer).await,
+            }
+        });
+    }
+}
+
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+/// A connection, its peer and its client host (see [`Conn`]).
+async fn accept(l: &Listener) -> std::io::Result<(Accepted, (String, String))> {
+    match l {
+        Listener::Tcp(l) => l.accept().await.map(|(s, a)| (Accepted::Tcp(s), (a.to_string(), a.ip().to_string()))),
+        Listener::Unix(l) => l.accept().await.map(|(s, _)| {
+            let cred = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials).ok();
+            let peer = cred.map(|c| format!("unix:uid={},pid={}", c.uid(), c.pid())).unwrap_or_else(|| "unix".into());
+            let host = cred.map(|c| format!("unix:uid={}", c.uid())).unwrap_or_else(|| "unix".into());
+            (Accepted::Unix(s), (peer, host))
+        }),
+    }
+}
+
+/// One client connection.
+struct Conn {
+    /// The full peer address (`ip:port`, or a Unix client's credentials).
+    peer: String,
+    /// The client host (`ip`, or `unix:uid=N`): modern requests of one
+    /// token from one host share a tree.
+    host: String,
+}
+
+async fn connection<IO>(shared: Arc<Shared>, io: IO, (peer, host): (String, String))
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = Arc::new(Conn { peer, host });
+    let svc_shared = shared.clone();
+    let svc_conn = conn.clone();
+    let svc = hyper::service::service_fn(move |req| {
+        let shared = svc_shared.clone();
+        let conn = svc_conn.clone();
+        async move { Ok::<_, Infallible>(handle(shared, conn, req).await) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .max_buf_size(64 * 1024)
+        .max_headers(64)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    // A request whose connection closes is dropped with it: its guard
+    // cancels it (modern) or leaves it to finish (legacy).
+    let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc).await;
+}
+
+// ---------------------------------------------------------------------------
+// Responses
+
+fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()).map_err(|never| match never {}).boxed_unsync());
+    *r.status_mut() = status;
+    if !content_type.is_empty() {
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    }
+    r
+}
+
+fn rpc_error(status: StatusCode, id: Value, code: i64, message: &str) -> Response<Body> {
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+    full(status, "application/json", serde_json::to_vec(&body).unwrap_or_default())
+}
+
+fn empty(status: StatusCode) -> Response<Body> {
+    full(status, "", Bytes::new())
+}
+
+fn unauthorized() -> Response<Body> {
+    let mut r = rpc_error(StatusCode::UNAUTHORIZED, Value::Null, -32001, "Unauthorized");
+    r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"snowluma-mcp\""));
+    r
+}
+
+fn sse_event(msg: &Value) -> Bytes {
+    let mut out = b"event: message\ndata: ".to_vec();
+    out.extend(serde_json::to_vec(msg).unwrap_or_default());
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+fn is_response(msg: &Value) -> bool {
+    msg.get("method").is_none() && (msg.get("result").is_some() || msg.get("error").is_some())
+}
+
+/// Held while a request's HTTP response lives: releases its place in the
+/// token's request count, and tells the tree when the client went away.
+struct Guard {
+    shared: Arc<Shared>,
+    token_id: String,
+    relay: Option<(Arc<Tree>, u64, bool)>,
+    done: bool,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some((tree, internal, modern)) = &self.relay {
+            if self.done {
+                tree.touch();
+            } else {
+                tree.detach(*internal, *modern);
+            }
+        }
+        if let Ok(mut u) = self.shared.usage.lock()
+            && let Some(u) = u.get_mut(&self.token_id)
+        {
+            u.requests = u.requests.saturating_sub(1);
+        }
+    }
+}
+
+fn sse(first: Option<Value>, rx: UnboundedReceiver<Value>, guard: Guard) -> Response<Body> {
+    let stream = futures::stream::unfold((first, rx, guard), |(mut first, mut rx, mut guard)| async move {
+        if guard.done {
+            return None;
+        }
+        let next = match first.take() {
+            Some(m) => Some(m),
+            None => tokio::select! {
+                m = rx.recv() => m,
+                _ = tokio::time::sleep(KEEPALIVE) => {
+                    return Some((Ok(Frame::data(Bytes::from_static(b": keepalive\n\n"))), (None, rx, guard)));
+                }
+            },
+        };
+        match next {
+            // The tree ended without answering: nothing to cancel.
+            None => {
+                let mut guard = guard;
+                guard.done = true;
+                drop(guard);
+                None
+            }
+            Some(msg) => {
+                if is_response(&msg) || msg.get("method").and_then(Value::as_str) == Some("notifications/cancelled") {
+                    guard.done = true;
+                }
+                Some((Ok::<_, Infallible>(Frame::data(sse_event(&msg))), (None, rx, guard)))
+            }
+        }
+    });
+    let mut r = Response::new(BodyExt::boxed_unsync(StreamBody::new(stream)));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    r
+}
+
+// ---------------------------------------------------------------------------
+// Checks
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn host_ok(shared: &Shared, h: &HeaderMap) -> bool {
+    header_str(h, "host").is_some_and(|host| shared.allowed_hosts.iter().any(|a| a.eq_ignore_ascii_case(host.trim())))
+}
+
+fn origin_ok(shared: &Shared, h: &HeaderMap) -> bool {
+    match h.get(header::ORIGIN) {
+        None => true,
+        Some(v) => v.to_str().is_ok_and(|o| {
+            let o = o.trim().trim_end_matches('/');
+            shared.allowed_origins.iter().any(|a| a.eq_ignore_ascii_case(o))
+        }),
+    }
+}
+
+/// Constant-time equality of two digests.
+fn digest_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let mut diff = 0u8;
+    for i in 0..32 {
+        diff |= std::hint::black_box(a[i] ^ b[i]);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// The id of the token the request presents, comparing its digest with
+/// every configured one (no early exit).
+fn authenticate(shared: &Shared, h: &HeaderMap) -> Option<String> {
+    let value = header_str(h, "authorization")?;
+    let (scheme, token) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let digest: [u8; 32] = sha2::Sha256::digest(token.trim().as_bytes()).into();
+    let tokens = shared.tokens.lock().ok()?;
+    let mut found = None;
+    for t in tokens.iter() {
+        if digest_eq(&t.sha256, &digest) {
+            found = Some(t.id.clone());
+        }
+    }
+    found
+}
+
+fn acquire_request(shared: &Arc<Shared>, token_id: &str) -> Option<Guard> {
+    let mut usage = shared.usage.lock().ok()?;
+    let u = usage.entry(token_id.to_owned()).or_default();
+    if u.requests >= shared.max_requests {
+        return None;
+    }
+    u.requests += 1;
+    Some(Guard { shared: shared.clone(), token_id: token_id.to_owned(), relay: None, done: false })
+}
+
+fn too_many(what: &str) -> Response<Body> {
+    let mut r = rpc_error(StatusCode::TOO_MANY_REQUESTS, Value::Null, -32000, what);
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+// ---------------------------------------------------------------------------
+// Trees
+
+async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<Arc<Tree>, Response<Body>> {
+    {
+        let mut usage = shared.usage.lock().map_err(|_| empty(StatusCode::INTERNAL_SERVER_ERROR))?;
+        let u = usage.entry(token_id.to_owned()).or_default();
+        if u.sessions >= shared.max_sessions {
+            return Err(too_many("Too many sessions for this token"));
+        }
+        u.sessions += 1;
+    }
+    let release = || {
+        if let Ok(mut u) = shared.usage.lock()
+            && let Some(u) = u.get_mut(token_id)
+        {
+            u.sessions = u.sessions.saturating_sub(1);
+        }
+    };
+    let req = shared.next_req.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    if let Ok(mut s) = shared.spawns.lock() {
+        s.insert(req, tx);
+    }
+    let msg = ToLauncher::Spawn { req, token_id: token_id.to_owned(), peer: peer.to_owned() };
+    let got = match shared.control.send(&msg, None).await {
+        Ok(()) => tokio::time::timeout(SPAWN_TIMEOUT, rx).await.ok().and_then(Result::ok).flatten(),
+        Err(_) => None,
+    };
+    let Some((session, fd)) = got else {
+        if let Ok(mut s) = shared.spawns.lock() {
+            s.remove(&req);
+        }
+        release();
+        return Err(rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "Cannot start a session"));
+    };
+    let stream = std::os::unix::net::UnixStream::from(fd);
+    let stream =
+        stream.set_nonblocking(true).and_then(|()| tokio::net::UnixStream::from_std(stream)).map_err(|_| {
+            release();
+            rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "Cannot start a session")
+        })?;
+    let tree = Tree::start(session, token_id.to_owned(), stream);
+    if let Ok(mut t) = shared.trees.lock() {
+        t.push(tree.clone());
+    }
+    Ok(tree)
+}
+
+/// Let a tree go (once): cancel its calls, close its stdin, tell the
+/// launcher, release its place.
+async fn end_tree(shared: &Arc<Shared>, tree: &Arc<Tree>) {
+    let was_live = shared
+        .trees
+        .lock()
+        .map(|mut t| {
+            let before = t.len();
+            t.retain(|x| !Arc::ptr_eq(x, tree));
+            t.len() != before
+        })
+        .unwrap_or(false);
+    if let Ok(mut s) = shared.sessions.lock() {
+        s.retain(|_, x| !Arc::ptr_eq(x, tree));
+    }
+    // (The modern map is not touched here: a spawn may hold it while it
+    // waits for the launcher, whose answer this task may be delivering. An
+    // ended tree in it is replaced by the next request.)
+    tree.end().await;
+    if was_live {
+        if let Ok(mut u) = shared.usage.lock()
+            && let Some(u) = u.get_mut(&tree.token_id)
+        {
+            u.sessions = u.sessions.saturating_sub(1);
+        }
+        let _ = shared.control.send(&ToLauncher::End { session: tree.session }, None).await;
+    }
+}
+
+async fn control_loop(shared: Arc<Shared>) {
+    loop {
+        match shared.control.recv::<ToFront>().await {
+            Ok((ToFront::Spawned { req, session }, Some(fd))) => {
+                let waiter = shared.spawns.lock().ok().and_then(|mut s| s.remove(&req));
+                match waiter {
+                    Some(w) => {
+                        if let Err(Some((_, fd))) = w.send(Some((session, fd))) {
+                            drop(fd);
+                            let _ = shared.control.send(&ToLauncher::End { session }, None).await;
+                        }
+                    }
+                    None => {
+                        drop(fd);
+                        let _ = shared.control.send(&ToLauncher::End { session }, None).await;
+                    }
+                }
+            }
+            Ok((ToFront::SpawnFailed { req }, _)) | Ok((ToFront::Spawned { req, .. }, None)) => {
+                if let Some(w) = shared.spawns.lock().ok().and_then(|mut s| s.remove(&req)) {
+                    let _ = w.send(None);
+                }
+            }
+            Ok((ToFront::Tokens(new), _)) => {
+                let revoked: Vec<String> = match shared.tokens.lock() {
+                    Ok(mut t) => {
+                        let gone = t
+                            .iter()
+                            .filter(|old| !new.iter().any(|n| n.id == old.id && digest_eq(&n.sha256, &old.sha256)))
+                            .map(|old| old.id.clone())
+                            .collect();
+                        *t = new;
+                        gone
+                    }
+                    Err(_) => Vec::new(),
+                };
+                let ending: Vec<Arc<Tree>> = shared
+                    .trees
+                    .lock()
+                    .map(|t| t.iter().filter(|x| revoked.contains(&x.token_id)).cloned().collect())
+                    .unwrap_or_default();
+                for t in ending {
+                    end_tree(&shared, &t).await;
+                }
+            }
+            Ok((ToFront::Exited { session }, _)) => {
+                let tree = shared.trees.lock().ok().and_then(|t| t.iter().find(|x| x.session == session).cloned());
+                if let Some(t) = tree {
+                    end_tree(&shared, &t).await;
+                }
+            }
+            Ok((ToFront::Setup(_), _)) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "serve-http: the launcher is gone; the front stops");
+                shared.shutdown.cancel();
+                return;
+            }
+        }
+    }
+}
+
+/// End trees that have been idle too long or whose server ended.
+async fn reaper(shared: Arc<Shared>) {
+    let every = shared.idle.min(Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(every).await;
+        let due: Vec<Arc<Tree>> = shared
+            .trees
+            .lock()
+            .map(|t| t.iter().filter(|x| x.ended.is_cancelled() || x.idle_for(shared.idle)).cloned().collect())
+            .unwrap_or_default();
+        for t in due {
+            if !t.ended.is_cancelled() {
+                tracing::info!(session = t.session, "serve-http: an idle session expired");
+            }
+            end_tree(&shared, &t).await;
+        }
+        // Forget ended modern trees (not while a spawn holds the map).
+        if let Ok(mut modern) = shared.modern.try_lock() {
+            modern.retain(|_, t| !t.ended.is_cancelled());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Requests
+
+async fn handle(shared: Arc<Shared>, conn: Arc<Conn>, req: Request<Incoming>) -> Response<Body> {
+    if req.uri().path() != "/mcp" {
+        return empty(StatusCode::NOT_FOUND);
+    }
+    if !host_ok(&shared, req.headers()) || !origin_ok(&shared, req.headers()) {
+        return rpc_error(StatusCode::FORBIDDEN, Value::Null, -32000, "Forbidden");
+    }
+    let Some(token_id) = authenticate(&shared, req.headers()) else {
+        return unauthorized();
+    };
+    match *req.method() {
+        Method::POST => post(shared, conn, token_id, req).await,
+        Method::GET => get(shared, token_id, req.headers()),
+        Method::DELETE => delete(shared, token_id, req.headers()).await,
+        _ => {
+            let mut r = empty(StatusCode::METHOD_NOT_ALLOWED);
+            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+            r
+        }
+    }
+}
+
+fn legacy_session(shared: &Shared, token_id: &str, h: &HeaderMap) -> Result<Arc<Tree>, Response<Body>> {
+    let sid = header_str(h, "mcp-session-id").unwrap_or_default();
+    let tree = shared.sessions.lock().ok().and_then(|s| s.get(sid).cloned());
+    match tree {
+        // A session id is not a credential: another token's session is
+        // unknown to this one.
+        Some(t) if t.token_id == token_id && !t.ended.is_cancelled() => Ok(t),
+        _ => Err(rpc_error(StatusCode::NOT_FOUND, Value::Null, -32001, "Session not found")),
+    }
+}
+
+fn get(shared: Arc<Shared>, token_id: String, h: &HeaderMap) -> Response<Body> {
+    if h.get("mcp-session-id").is_none() {
+        return empty(StatusCode::METHOD_NOT_ALLOWED);
+    }
+    let tree = match legacy_session(&shared, &token_id, h) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    if !header_str(h, "accept").is_some_and(|a| a.contains("text/event-stream")) {
+        return empty(StatusCode::NOT_ACCEPTABLE);
+    }
+    let Some(guard) = acquire_request(&shared, &token_id) else {
+        return too_many("Too many concurrent requests for this token");
+    };
+    match tree.open_get_stream() {
+        Some(rx) => sse(None, rx, guard),
+        None => rpc_error(StatusCode::CONFLICT, Value::Null, -32000, "A stream is already open for this session"),
+    }
+}
+
+async fn delete(shared: Arc<Shared>, token_id: String, h: &HeaderMap) -> Response<Body> {
+    // Without a session id this is a modern client's probe: no sessions.
+    if h.get("mcp-session-id").is_none() {
+        return empty(StatusCode::METHOD_NOT_ALLOWED);
+    }
+    match legacy_session(&shared, &token_id, h) {
+        Ok(t) => {
+            end_tree(&shared, &t).await;
+            empty(StatusCode::OK)
+        }
+        Err(r) => r,
+    }
+}
+
+/// `Mcp-Name` may be `=?base64?…?=`.
+fn decode_header_value(v: &str) -> Option<String> {
+    match v.strip_prefix("=?base64?").and_then(|r| r.strip_suffix("?=")) {
+        Some(b64) => {
+            use base64::Engine;
+            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+            String::from_utf8(bytes).ok()
+        }
+        None => Some(v.to_owned()),
+    }
+}
+
+/// The 2026-07-28 transport's header rules (SEP-2243): the headers mirror
+/// the body, or the request is refused with `HeaderMismatch`.
+fn check_modern_headers(h: &HeaderMap, msg: &Value) -> Result<(), String> {
+    let id_version = msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").and_then(Value::as_str);
+    match (header_str(h, "mcp-protocol-version"), id_version) {
+        (None, _) => return Err("the MCP-Protocol-Version header is missing".into()),
+        (Some(hv), Some(bv)) if hv != bv => {
+            return Err("the MCP-Protocol-Version header does not match the request's protocolVersion".into());
+        }
+        _ => {}
+    }
+    let method = msg.get("method").and_then(Value::as_str).unwrap_or_default();
+    match header_str(h, "mcp-method") {
+        None => return Err("the Mcp-Method header is missing".into()),
+        Some(m) if m != method => return Err("the Mcp-Method header does not match the request's method".into()),
+        _ => {}
+    }
+    let name = match method {
+        "tools/call" | "prompts/get" => msg.pointer("/params/name").and_then(Value::as_str),
+        "resources/read" => msg.pointer("/params/uri").and_then(Value::as_str),
+        _ => return Ok(()),
+    };
+    match (header_str(h, "mcp-name").map(decode_header_value), name) {
+        (None, Some(_)) => Err("the Mcp-Name header is missing".into()),
+        (Some(None), _) => Err("the Mcp-Name header is malformed".into()),
+        (Some(Some(hv)), Some(bv)) if hv != bv => Err("the Mcp-Name header does not match the request".into()),
+        _ => Ok(()),
+    }
+}
+
+async fn read_body(shared: &Shared, req: Request<Incoming>) -> Result<Bytes, Response<Body>> {
+    let too_large = || rpc_error(StatusCode::PAYLOAD_TOO_LARGE, Value::Null, -32600, "Request body too large");
+    if let Some(len) = header_str(req.headers(), "content-length").and_then(|v| v.parse::<u64>().ok())
+        && len > shared.max_body as u64
+    {
+        return Err(too_large());
+    }
+    // A body that trickles in holds a connection; it gets as long as the
+    // headers do.
+    match tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), shared.max_body).collect()).await {
+        Err(_elapsed) => Err(empty(StatusCode::REQUEST_TIMEOUT)),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(_)) => Err(empty(StatusCode::BAD_REQUEST)),
+    }
+}
+
+async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Request<Incoming>) -> Response<Body> {
+    let headers = req.headers().clone();
+    let accept = header_str(&headers, "accept").unwrap_or("").to_ascii_lowercase();
+    let any = accept.is_empty() || accept.contains("*/*");
+    let wants_sse = any || accept.contains("text/event-stream");
+    if !(any || wants_sse || accept.contains("application/json")) {
+        return rpc_error(
+            StatusCode::NOT_ACCEPTABLE,
+            Value::Null,
+            -32000,
+            "Not Acceptable: accept application/json and text/event-stream",
+        );
+    }
+    let json_body = header_str(&headers, "content-type")
+        .and_then(|c| c.split(';').next())
+        .is_some_and(|c| c.trim().eq_ignore_ascii_case("application/json"));
+    if !json_body {
+        return rpc_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Value::Null,
+            -32000,
+            "Unsupported Media Type: application/json",
+        );
+    }
+    let body = match read_body(&shared, req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
+        return rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32700, "Parse error");
+    };
+    if !msg.is_object() || msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            Value::Null,
+            -32600,
+            "Invalid Request: one JSON-RPC 2.0 message per POST",
+        );
+    }
+    let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
+    let is_request = method.is_some() && msg.get("id").is_some();
+    let legacy_versions_ok = |h: &HeaderMap| match header_str(h, "mcp-protocol-version") {
+        None => true,
+        Some(v) => LEGACY_VERSIONS.contains(&v),
+    };
+    if headers.contains_key("mcp-session-id") {
+        let tree = match legacy_session(&shared, &token_id, &headers) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        if !legacy_versions_ok(&headers) {
+            return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Unsupported MCP-Protocol-Version");
+        }
+        return relay(&shared, &tree, msg, &token_id, false, wants_sse, None).await;
+    }
+    if method.as_deref() == Some("initialize") && is_request {
+        let tree = match spawn_tree(&shared, &token_id, &conn.peer).await {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        let sid = snowluma_proto::bytes::hex(&snowluma_proto::bytes::random_bytes::<16>());
+        if let Ok(mut s) = shared.sessions.lock() {
+            s.insert(sid.clone(), tree.clone());
+        }
+        tracing::info!(session = tree.session, token_id = %token_id, "serve-http: legacy session opened");
+        return relay(&shared, &tree, msg, &token_id, false, wants_sse, Some(sid)).await;
+    }
+    let modern = is_request
+        && (msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").is_some()
+            || header_str(&headers, "mcp-protocol-version").is_some_and(|v| !LEGACY_VERSIONS.contains(&v)));
+    if !modern {
+        return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Bad Request: Mcp-Session-Id header is required");
+    }
+    if let Err(why) = check_modern_headers(&headers, &msg) {
+        return rpc_error(StatusCode::BAD_REQUEST, id, -32020, &format!("Header mismatch: {why}"));
+    }
+    // The modern era has no sessions: its state lives in explicit handles
+    // (event resource URIs, requestState) that a client may use from any of
+    // its connections, and an HTTP/1.1 client needs several connections for
+    // concurrent requests (a subscriptions/listen stream and its calls).
+    // So the modern requests of one token from one client host share one
+    // tree; other tokens and other hosts never do.
+    let tree = {
+        let mut modern = shared.modern.lock().await;
+        let key = (token_id.clone(), conn.host.clone());
+        match modern.get(&key) {
+            Some(t) if !t.ended.is_cancelled() => t.clone(),
+            _ => match spawn_tree(&shared, &token_id, &conn.host).await {
+                Ok(t) => {
+                    modern.insert(key, t.clone());
+                    t
+                }
+                Err(r) => return r,
+            },
+        }
+    };
+    relay(&shared, &tree, msg, &token_id, true, wants_sse, None).await
+}
+
+/// HTTP status of a modern error answer (the transport's mapping).
+fn modern_status(msg: &Value) -> StatusCode {
+    match msg.pointer("/error/code").and_then(Value::as_i64) {
+        Some(-32601) => StatusCode::NOT_FOUND,
+        Some(-32022..=-32020) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    }
+}
+
+async fn relay(
+    shared: &Arc<Shared>,
+    tree: &Arc<Tree>,
+    msg: Value,
+    token_id: &str,
+    modern: bool,
+    wants_sse: bool,
+    session_id: Option<String>,
+) -> Response<Body> {
+    let is_request = msg.get("method").is_some() && msg.get("id").is_some();
+    if !is_request {
+        return if tree.forward(msg).await {
+            empty(StatusCode::ACCEPTED)
+        } else {
+            rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "The session has ended")
+        };
+    }
+    let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    let Some(mut guard) = acquire_request(shared, token_id) else {
+        return too_many("Too many concurrent requests for this token");
+    };
+    let Some(sent) = tree.request(msg).await else {
+        guard.done = true;
+        return rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session has ended");
+    };
+    guard.relay = Some((tree.clone(), sent.internal, modern));
+    let mut rx = sent.rx;
+    let mut response = loop {
+        match rx.recv().await {
+            // Cancelled by the client (no answer comes): an empty stream.
+            None if !tree.ended.is_cancelled() && wants_sse => {
+                guard.done = true;
+                break sse(None, rx, guard);
+            }
+            None => {
+                guard.done = true;
+                break rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session ended before answering");
+            }
+            Some(m) if is_response(&m) => {
+                guard.done = true;
+                let status = if modern { modern_status(&m) } else { StatusCode::OK };
+                break full(status, "application/json", serde_json::to_vec(&m).unwrap_or_default());
+            }
+            Some(m) if wants_sse => break sse(Some(m), rx, guard),
+            // A client that takes only JSON gets the response alone.
+            Some(_) => continue,
+        }
+    };
+    if let Some(sid) = session_id
+        && let Ok(v) = HeaderValue::from_str(&sid)
+    {
+        response.headers_mut().insert("mcp-session-id", v);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn modern_headers_mirror_the_body() {
+        let msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "get_action",
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+        let ok = [("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call"), ("mcp-name", "get_action")];
+        assert!(check_modern_headers(&headers(&ok), &msg).is_ok());
+        let b64 = [
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "=?base64?Z2V0X2FjdGlvbg==?="),
+        ];
+        assert!(check_modern_headers(&headers(&b64), &msg).is_ok());
+        for bad in [
+            &[("mcp-method", "tools/call"), ("mcp-name", "get_action")][..],
+            &[("mcp-protocol-version", "2025-11-25"), ("mcp-method", "tools/call"), ("mcp-name", "get_action")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-name", "get_action")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/list"), ("mcp-name", "get_action")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call"), ("mcp-name", "other")],
+            &[("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call"), ("mcp-name", "=?base64?!!?=")],
+        ] {
+            assert!(check_modern_headers(&headers(bad), &msg).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn digests_compare_whole() {
+        let a = [7u8; 32];
+        let mut b = a;
+        assert!(digest_eq(&a, &b));
+        b[31] ^= 1;
+        assert!(!digest_eq(&a, &b));
+        b = a;
+        b[0] ^= 0x80;
+        assert!(!digest_eq(&a, &b));
+    }
+
+    #[test]
+    fn modern_errors_map_to_their_http_status() {
+        let e = |code: i64| json!({"jsonrpc": "2.0", "id": 1, "error": {"code": code, "message": "x"}});
+        assert_eq!(modern_status(&e(-32601)), StatusCode::NOT_FOUND);
+        assert_eq!(modern_status(&e(-32022)), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(&e(-32020)), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(&e(-32602)), StatusCode::OK);
+        assert_eq!(modern_status(&json!({"jsonrpc": "2.0", "id": 1, "result": {}})), StatusCode::OK);
+    }
+}

@@ -1,0 +1,1284 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! `snowluma-mcp serve-http`: both eras over Streamable HTTP through the real
+//! binary (launcher, front, one stdio tree per session), its access control,
+//! limits, isolation and what happens when a client disappears.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use snowluma_e2e::*;
+
+const ALICE: &str = "alice-token-0123456789abcdef0123456789";
+const ALICE2: &str = "alice-two-token-0123456789abcdef01234";
+const BOB: &str = "bob-token-0123456789abcdef0123456789ab";
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("snowluma-http-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn write_private(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+fn token_file(dir: &Path) -> PathBuf {
+    let p = dir.join("tokens");
+    write_private(&p, &format!("# ids and tokens\nalice:{ALICE}\n\nalice2:{ALICE2}\nbob:{BOB}\n"));
+    p
+}
+
+/// A running `serve-http` (the launcher), its stderr collected.
+struct Server {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    addr: String,
+    rt: tokio::runtime::Runtime,
+    client: reqwest::Client,
+    scheme: &'static str,
+}
+
+fn command(env: &[(&str, &str)], args: &[&str]) -> Command {
+    let mut cmd = Command::new(bin_path());
+    cmd.args(args).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+impl Server {
+    fn start(dir: &Path, env: &[(&str, &str)], extra: &[&str]) -> Server {
+        Server::start_with(dir, env, extra, None)
+    }
+
+    fn start_with(dir: &Path, env: &[(&str, &str)], extra: &[&str], tls: Option<reqwest::Certificate>) -> Server {
+        let tokens = token_file(dir);
+        let mut args = vec!["serve-http", "--listen", "127.0.0.1:0", "--http-token-file", tokens.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let mut child =
+            command(env, &args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sb = stderr.clone();
+        let pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sb.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        let addr = wait_until("serve-http says where it listens", || {
+            let text = stderr.lock().unwrap().clone();
+            text.split("listening on ").nth(1).map(|rest| rest.split_whitespace().next().unwrap().to_owned())
+        });
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut json = reqwest::header::HeaderMap::new();
+        json.insert("content-type", reqwest::header::HeaderValue::from_static("application/json"));
+        let mut builder = reqwest::Client::builder().no_proxy().default_headers(json);
+        let scheme = if let Some(cert) = tls {
+            builder = builder.tls_certs_only([cert]);
+            "https"
+        } else {
+            "http"
+        };
+        let client = builder.build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        Server { child, stderr, addr, rt, client, scheme }
+    }
+
+    /// A client with its own connection pool (JSON bodies).
+    fn client_for_another_connection(&self) -> reqwest::Client {
+        let mut json = reqwest::header::HeaderMap::new();
+        json.insert("content-type", reqwest::header::HeaderValue::from_static("application/json"));
+        reqwest::Client::builder().no_proxy().default_headers(json).build().unwrap()
+    }
+
+    fn port(&self) -> u16 {
+        self.addr.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    fn url(&self) -> String {
+        format!("{}://{}/mcp", self.scheme, self.addr)
+    }
+
+    /// POST one message; (status, headers, JSON messages: the body, or
+    /// every SSE event's data).
+    fn post(&self, token: Option<&str>, session: Option<&str>, headers: &[(&str, &str)], body: &Value) -> Reply {
+        self.post_raw(token, session, headers, serde_json::to_vec(body).unwrap())
+    }
+
+    fn post_raw(&self, token: Option<&str>, session: Option<&str>, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+        let mut req = self
+            .client
+            .post(self.url())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if let Some(s) = session {
+            req = req.header("mcp-session-id", s);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        self.rt.block_on(async {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let headers = resp.headers().clone();
+            let text = resp.text().await.unwrap();
+            Reply::new(status, headers, text)
+        })
+    }
+
+    fn delete(&self, token: &str, session: &str) -> u16 {
+        self.rt.block_on(async {
+            let resp = self
+                .client
+                .delete(self.url())
+                .header("authorization", format!("Bearer {token}"))
+                .header("mcp-session-id", session)
+                .send()
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        })
+    }
+
+    /// A legacy session: initialize + initialized; returns its id.
+    fn initialize(&self, token: &str) -> String {
+        self.initialize_with(token, json!({}))
+    }
+
+    fn initialize_with(&self, token: &str, capabilities: Value) -> String {
+        let r = self.post(
+            Some(token),
+            None,
+            &[],
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "e2e", "version": "1"}}}),
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.last()["result"]["protocolVersion"], "2025-11-25");
+        let sid = r.headers.get("mcp-session-id").expect("a session id").to_str().unwrap().to_owned();
+        assert_eq!(sid.len(), 32, "128 random bits in hex");
+        let n = self.post(
+            Some(token),
+            Some(&sid),
+            &[("mcp-protocol-version", "2025-11-25")],
+            &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        );
+        assert_eq!(n.status, 202);
+        sid
+    }
+
+    fn call(&self, token: &str, sid: &str, id: i64, tool: &str, args: Value) -> Reply {
+        self.post(
+            Some(token),
+            Some(sid),
+            &[("mcp-protocol-version", "2025-11-25")],
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": args}}),
+        )
+    }
+
+    fn modern(&self, token: &str, id: i64, method: &str, name: Option<&str>, mut params: Value) -> Reply {
+        params["_meta"] = modern_meta();
+        let mut headers = vec![("mcp-protocol-version", MODERN), ("mcp-method", method)];
+        if let Some(n) = name {
+            headers.push(("mcp-name", n));
+        }
+        self.post(Some(token), None, &headers, &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+    }
+
+    fn stderr_text(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The session trees: the launcher's children but the front.
+    fn session_pids(&self) -> Vec<i32> {
+        children(self.child.id() as i32)
+            .into_iter()
+            .filter(|p| !cmdline(*p).contains("__snowluma-http-front"))
+            .collect()
+    }
+
+    fn front_pid(&self) -> i32 {
+        children(self.child.id() as i32).into_iter().find(|p| cmdline(*p).contains("__snowluma-http-front")).unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::SIGTERM);
+        let _ = wait_exit(&mut self.child, "serve-http stops on SIGTERM");
+    }
+}
+
+fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut queue = children(pid);
+    while let Some(p) = queue.pop() {
+        queue.extend(children(p));
+        out.push(p);
+    }
+    out
+}
+
+fn cmdline(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')).unwrap_or(false))
+        .unwrap_or(false)
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    messages: Vec<Value>,
+}
+
+impl Reply {
+    fn new(status: u16, headers: reqwest::header::HeaderMap, text: String) -> Reply {
+        let sse = headers.get("content-type").is_some_and(|c| c.to_str().unwrap().starts_with("text/event-stream"));
+        let messages = if sse {
+            text.split("\n\n")
+                .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")))
+                .map(|d| serde_json::from_str(d).unwrap())
+                .collect()
+        } else if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![serde_json::from_str(&text).unwrap_or(Value::String(text))]
+        };
+        Reply { status, headers, messages }
+    }
+
+    fn last(&self) -> &Value {
+        self.messages.last().expect("a message")
+    }
+}
+
+#[test]
+fn a_legacy_session_lists_and_calls_tools_then_ends_with_delete() {
+    let dir = temp_dir("legacy");
+    let s = Server::start(&dir, &[], &[]);
+    assert!(s.session_pids().is_empty(), "nothing runs before a session");
+    let sid = s.initialize(ALICE);
+    let list = s.post(
+        Some(ALICE),
+        Some(&sid),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": "list", "method": "tools/list"}),
+    );
+    assert_eq!(list.status, 200);
+    assert_eq!(list.last()["id"], "list", "the client's id comes back");
+    let tools = list.last()["result"]["tools"].as_array().unwrap();
+    assert!(tools.iter().any(|t| t["name"] == "search_actions"));
+    let r = s.call(ALICE, &sid, 7, "get_action", json!({"name": "send_group_msg"}));
+    assert_eq!(r.last()["id"], 7);
+    assert!(!is_error(&r.last()["result"]), "{:?}", r);
+    assert_eq!(s.session_pids().len(), 1, "one tree for the session");
+    // Version header of another era: refused.
+    let bad = s.post(
+        Some(ALICE),
+        Some(&sid),
+        &[("mcp-protocol-version", "1999-01-01")],
+        &json!({"jsonrpc": "2.0", "id": 8, "method": "tools/list"}),
+    );
+    assert_eq!(bad.status, 400);
+    // GET opens the standalone stream (headers only are awaited here).
+    let get_status = s.rt.block_on(async {
+        let resp = s
+            .client
+            .get(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.headers().get("content-type").unwrap().to_str().unwrap().to_owned())
+    });
+    assert_eq!(get_status, (200, "text/event-stream".to_owned()));
+    let tree = s.session_pids()[0];
+    assert_eq!(s.delete(ALICE, &sid), 200);
+    let after = s.call(ALICE, &sid, 9, "list_categories", json!({}));
+    assert_eq!(after.status, 404, "a deleted session is gone");
+    wait_until("the deleted session's tree is reaped", || (!alive(tree)).then_some(()));
+    wait_until("the launcher logs the end", || s.stderr_text().contains("serve-http: session ended").then_some(()));
+}
+
+#[test]
+fn a_modern_client_discovers_and_calls_with_mirrored_headers() {
+    let dir = temp_dir("modern");
+    let s = Server::start(&dir, &[], &[]);
+    let d = s.modern(ALICE, 1, "server/discover", None, json!({}));
+    assert_eq!(d.status, 200, "{d:?}");
+    assert!(d.last()["result"]["supportedVersions"].as_array().unwrap().contains(&json!(MODERN)));
+    assert!(d.headers.get("mcp-session-id").is_none(), "no sessions in the modern era");
+    // Requests of one token from one host share a tree, whatever the
+    // connection; another token gets its own.
+    let other_connection = s.client_for_another_connection();
+    let mut params = json!({});
+    params["_meta"] = modern_meta();
+    let status = s.rt.block_on(async {
+        other_connection
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "tools/list")
+            .header("accept", "application/json")
+            .body(
+                serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": params}))
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(status, 200);
+    assert_eq!(s.session_pids().len(), 1, "one modern tree for alice on this host");
+    assert_eq!(s.modern(BOB, 1, "server/discover", None, json!({})).status, 200);
+    assert_eq!(s.session_pids().len(), 2, "bob's own tree");
+    let r = s.modern(
+        ALICE,
+        2,
+        "tools/call",
+        Some("get_action"),
+        json!({"name": "get_action", "arguments": {"name": "send_group_msg"}}),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.last()["id"], 2);
+    assert_eq!(r.last()["result"]["resultType"], "complete");
+    // Header and body disagree: HeaderMismatch, and nothing reaches a tree.
+    let m = s.modern(
+        ALICE,
+        3,
+        "tools/call",
+        Some("search_actions"),
+        json!({"name": "get_action", "arguments": {"name": "x"}}),
+    );
+    assert_eq!(m.status, 400);
+    assert_eq!(m.last()["error"]["code"], -32020);
+    let mut params = json!({"name": "get_action", "arguments": {"name": "x"}});
+    params["_meta"] = modern_meta();
+    let missing = s.post(
+        Some(ALICE),
+        None,
+        &[("mcp-protocol-version", MODERN)],
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": params}),
+    );
+    assert_eq!(missing.status, 400);
+    assert_eq!(missing.last()["error"]["code"], -32020, "Mcp-Method is required");
+    // A base64-encoded Mcp-Name is decoded before the comparison.
+    let enc = s.modern(
+        ALICE,
+        5,
+        "tools/call",
+        Some("=?base64?Z2V0X2FjdGlvbg==?="),
+        json!({"name": "get_action", "arguments": {"name": "send_group_msg"}}),
+    );
+    assert_eq!(enc.status, 200, "{enc:?}");
+    let unknown = s.modern(ALICE, 6, "no/such_method", None, json!({}));
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.last()["error"]["code"], -32601);
+}
+
+#[test]
+fn missing_wrong_and_stale_tokens_get_401_and_start_nothing() {
+    let dir = temp_dir("tokens");
+    let s = Server::start(&dir, &[], &[]);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}});
+    for token in [None, Some("wrong-token-0123456789abcdef0123456789"), Some(&ALICE[..ALICE.len() - 1]), Some("")] {
+        let r = s.post(token, None, &[], &init);
+        assert_eq!(r.status, 401, "{token:?}");
+        assert_eq!(r.headers.get("www-authenticate").unwrap(), "Bearer realm=\"snowluma-mcp\"");
+        assert_eq!(r.last()["error"]["message"], "Unauthorized", "a fixed body");
+    }
+    // Basic instead of Bearer.
+    let basic = s.rt.block_on(async {
+        s.client
+            .post(s.url())
+            .header("authorization", format!("Basic {ALICE}"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    assert_eq!(basic.as_u16(), 401);
+    assert!(s.session_pids().is_empty(), "no tree for anyone without a token");
+    // Stale: bob's token removed from the file and SIGHUP sent.
+    let sid = s.initialize(BOB);
+    let tree = s.session_pids()[0];
+    write_private(&dir.join("tokens"), &format!("alice:{ALICE}\n"));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.child.id() as i32), nix::sys::signal::SIGHUP).unwrap();
+    wait_until("the reloaded token set refuses bob", || {
+        let r = s.call(BOB, &sid, 2, "list_categories", json!({}));
+        (r.status == 401).then_some(())
+    });
+    wait_until("the revoked token's session tree is reaped", || (!alive(tree)).then_some(()));
+    // A broken file on SIGHUP keeps the old set.
+    write_private(&dir.join("tokens"), "garbage\n");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.child.id() as i32), nix::sys::signal::SIGHUP).unwrap();
+    wait_until("the failed reload is logged", || {
+        s.stderr_text().contains("the token file was not reloaded").then_some(())
+    });
+    let again = s.initialize(ALICE);
+    assert!(!again.is_empty());
+    assert!(!s.stderr_text().contains(ALICE) && !s.stderr_text().contains(BOB), "tokens are never logged");
+}
+
+#[test]
+fn a_forbidden_origin_or_host_gets_403() {
+    let dir = temp_dir("origin");
+    let s = Server::start(&dir, &[], &["--allowed-origin", "https://agent.example"]);
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": modern_meta()}});
+    let h = [("mcp-protocol-version", MODERN), ("mcp-method", "server/discover")];
+    let evil = s.post(Some(ALICE), None, &[h[0], h[1], ("origin", "http://evil.example")], &list);
+    assert_eq!(evil.status, 403);
+    let null = s.post(Some(ALICE), None, &[h[0], h[1], ("origin", "null")], &list);
+    assert_eq!(null.status, 403);
+    let good = s.post(Some(ALICE), None, &[h[0], h[1], ("origin", "https://agent.example")], &list);
+    assert_eq!(good.status, 200);
+    let none = s.post(Some(ALICE), None, &h, &list);
+    assert_eq!(none.status, 200, "non-browser clients send no Origin");
+    // DNS rebinding: a foreign Host name.
+    let port = s.port();
+    let status = s.rt.block_on(async {
+        s.client
+            .post(s.url())
+            .header("host", format!("rebind.example:{port}"))
+            .header("authorization", format!("Bearer {ALICE}"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(status, 403);
+    let ok = s.rt.block_on(async {
+        s.client
+            .post(s.url())
+            .header("host", format!("localhost:{port}"))
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "server/discover")
+            .header("accept", "application/json")
+            .body(serde_json::to_vec(&list).unwrap())
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(ok, 200);
+}
+
+#[test]
+fn two_sessions_cannot_see_or_end_each_other() {
+    let dir = temp_dir("isolation");
+    let s = Server::start(&dir, &[], &[]);
+    let a = s.initialize(ALICE);
+    let b = s.initialize(BOB);
+    let a2 = s.initialize(ALICE);
+    assert_ne!(a, a2);
+    let trees = s.session_pids();
+    assert_eq!(trees.len(), 3, "one tree per session");
+    // Each tree is its own process group with its own workers.
+    for t in &trees {
+        let pgid = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(*t))).unwrap().as_raw();
+        assert_eq!(pgid, *t, "a session leads its own process group");
+        for d in descendants(*t) {
+            assert!(!trees.contains(&d));
+        }
+    }
+    // A session id is not a credential: bob cannot use alice's.
+    assert_eq!(s.call(BOB, &a, 2, "list_categories", json!({})).status, 404);
+    assert_eq!(s.delete(BOB, &a), 404);
+    // The same ids in two sessions at once do not cross.
+    let ra = s.call(ALICE, &a, 5, "get_action", json!({"name": "send_group_msg"}));
+    let rb = s.call(BOB, &b, 5, "get_action", json!({"name": "get_group_list"}));
+    assert!(ra.last()["result"]["structuredContent"].to_string().contains("send_group_msg"));
+    assert!(rb.last()["result"]["structuredContent"].to_string().contains("get_group_list"));
+    // Ending one leaves the others serving.
+    assert_eq!(s.delete(ALICE, &a), 200);
+    assert_eq!(s.call(ALICE, &a2, 6, "list_categories", json!({})).status, 200);
+    assert_eq!(s.call(BOB, &b, 6, "list_categories", json!({})).status, 200);
+}
+
+#[test]
+fn the_session_and_request_limits_per_token_hold() {
+    let dir = temp_dir("limits");
+    let s = Server::start(&dir, &[], &["--max-sessions-per-token", "2"]);
+    let a = s.initialize(ALICE);
+    let _b = s.initialize(ALICE);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}});
+    let third = s.post(Some(ALICE), None, &[], &init);
+    assert_eq!(third.status, 429, "{third:?}");
+    assert_eq!(s.session_pids().len(), 2);
+    // Another token has its own allowance.
+    let _c = s.initialize(BOB);
+    assert_eq!(s.delete(ALICE, &a), 200);
+    let _d = s.initialize(ALICE);
+    // Requests (open streams included) are limited per token too.
+    drop(s);
+    let s = Server::start(&dir, &[], &["--max-requests-per-token", "1"]);
+    let sid = s.initialize(ALICE);
+    let (get, second) = s.rt.block_on(async {
+        let get = s
+            .client
+            .get(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        let second = s
+            .client
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "application/json")
+            .body(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#)
+            .send()
+            .await
+            .unwrap();
+        (get, second.status().as_u16())
+    });
+    assert_eq!(get.status().as_u16(), 200);
+    assert_eq!(second, 429, "the open stream holds the token's only request");
+    drop(get);
+    wait_until("the closed stream frees the place", || {
+        (s.call(ALICE, &sid, 3, "list_categories", json!({})).status == 200).then_some(())
+    });
+    // A body that is not JSON, and a client that takes neither JSON nor SSE.
+    let form = s.rt.block_on(async {
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("content-type", "text/plain")
+            .body("{}")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(form, 415);
+    let html = s.rt.block_on(async {
+        s.client
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "text/html")
+            .body(r#"{"jsonrpc":"2.0","id":4,"method":"tools/list"}"#)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(html, 406);
+    // A body over the limit is refused before it is read.
+    let mut conn = std::net::TcpStream::connect(&s.addr).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        s.addr,
+        9 * 1024 * 1024
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    let mut status = String::new();
+    BufReader::new(conn).read_line(&mut status).unwrap();
+    assert!(status.starts_with("HTTP/1.1 413"), "{status}");
+}
+
+#[test]
+fn idle_sessions_expire() {
+    let dir = temp_dir("idle");
+    let s = Server::start(&dir, &[], &["--idle-timeout", "1"]);
+    let sid = s.initialize(ALICE);
+    let tree = s.session_pids()[0];
+    wait_until("the idle session's tree is reaped", || (!alive(tree)).then_some(()));
+    assert_eq!(s.call(ALICE, &sid, 2, "list_categories", json!({})).status, 404);
+}
+
+fn refused(env: &[(&str, &str)], args: &[&str]) -> String {
+    let out = command(env, args).stdin(Stdio::null()).bounded_output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    err
+}
+
+#[test]
+fn unsafe_configurations_are_refused_with_one_line() {
+    let dir = temp_dir("refuse");
+    let tokens = token_file(&dir);
+    let t = tokens.to_str().unwrap();
+    let e = refused(&[], &["serve-http", "--listen", "0.0.0.0:0", "--http-token-file", t]);
+    assert!(e.contains("non-loopback") && e.contains("--allow-remote"), "{e}");
+    let e = refused(&[], &["serve-http", "--listen", "0.0.0.0:0", "--http-token-file", t, "--allow-remote"]);
+    assert!(e.contains("TLS"), "{e}");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let e = refused(&[], &["serve-http", "--listen", "127.0.0.1:0", "--http-token-file", t]);
+    assert!(e.contains("chmod") && !e.contains(ALICE), "{e}");
+    let empty = dir.join("empty");
+    write_private(&empty, "# nothing\n");
+    let e = refused(&[], &["serve-http", "--listen", "127.0.0.1:0", "--http-token-file", empty.to_str().unwrap()]);
+    assert!(e.contains("no token"), "{e}");
+    let short = dir.join("short");
+    write_private(&short, "alice:short\n");
+    let e = refused(&[], &["serve-http", "--listen", "127.0.0.1:0", "--http-token-file", short.to_str().unwrap()]);
+    assert!(e.contains("line 1") && !e.contains("short\n"), "{e}");
+}
+
+/// A write in flight when its client disappears: the tree is reaped and the
+/// audit log has the write's result with outcome unknown, naming the
+/// principal on every record.
+#[test]
+fn a_client_that_disappears_mid_write_has_its_tree_reaped_and_the_write_audited_unknown() {
+    let dir = temp_dir("disappear");
+    let log = dir.join("audit.jsonl");
+    let fake = Fake::start(Some("t"));
+    fake.fake.set_fault("send_group_msg", snowluma_fake::Fault::Hang);
+    let url = fake.fake.url();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_AUDIT_LOG", log.to_str().unwrap()),
+    ];
+    let s = Server::start(&dir, &env, &["--idle-timeout", "1"]);
+    // A raw modern request on its own connection, then the connection drops:
+    // that cancels the call; the tree, idle then, expires.
+    let mut params = json!({"name": "invoke_action", "arguments": {"action": "send_group_msg", "params": {"group_id": 1, "message": "x"}}});
+    params["_meta"] = modern_meta();
+    let body =
+        serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})).unwrap();
+    let mut conn = std::net::TcpStream::connect(&s.addr).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/call\r\nMcp-Name: invoke_action\r\nContent-Length: {}\r\n\r\n",
+        s.addr,
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(&body).unwrap();
+    wait_until("SnowLuma received the write", || {
+        fake.fake.requests().iter().any(|r| r.action.as_deref() == Some("send_group_msg")).then_some(())
+    });
+    let tree = s.session_pids();
+    assert_eq!(tree.len(), 1);
+    let mut pids = descendants(tree[0]);
+    pids.push(tree[0]);
+    assert!(pids.len() >= 3, "supervisor, spawner and workers: {pids:?}");
+    drop(conn);
+    wait_until("the tree of the vanished client is reaped", || {
+        let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    });
+    let records: Vec<Value> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let result = records
+        .iter()
+        .find(|r| r["phase"] == "result")
+        .unwrap_or_else(|| panic!("a result record: {records:?}\n{}", s.stderr_text()));
+    assert_eq!(result["outcome"], "unknown", "{result}");
+    for r in &records {
+        assert_eq!(r["principal"]["via"], "http", "{r}");
+        assert_eq!(r["principal"]["token_id"], "alice", "{r}");
+        assert_eq!(r["principal"]["peer"], "127.0.0.1", "modern: the client host; {r}");
+        assert!(r.get("peer").is_none(), "not the launcher's credentials");
+    }
+    assert!(!std::fs::read_to_string(&log).unwrap().contains(ALICE));
+    // The session could not see the principal variable once started.
+    assert!(s.front_pid() > 0);
+}
+
+#[test]
+fn tls_serves_with_the_configured_certificate() {
+    let dir = temp_dir("tls");
+    let (cert, key, ca) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("ca.pem"));
+    let ext = dir.join("ext");
+    std::fs::write(&ext, "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").current_dir(&dir).args(args).stdin(Stdio::null()).bounded_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    openssl(
+        &[&["req", "-x509", "-days", "2", "-subj", "/CN=e2e test CA", "-keyout", "ca.key", "-out", "ca.pem"][..], &ec]
+            .concat(),
+    );
+    openssl(&[&["req", "-subj", "/CN=localhost", "-keyout", "key.pem", "-out", "leaf.csr"][..], &ec].concat());
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext",
+        "-out",
+        "cert.pem",
+    ]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let root = reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap();
+    let s = Server::start_with(
+        &dir,
+        &[],
+        &["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        Some(root),
+    );
+    let d = s.modern(ALICE, 1, "server/discover", None, json!({}));
+    assert_eq!(d.status, 200, "{d:?}");
+    let sid = s.initialize(ALICE);
+    assert_eq!(s.call(ALICE, &sid, 2, "list_categories", json!({})).status, 200);
+    // Plain HTTP on the TLS port gets nothing.
+    let plain = s.rt.block_on(async {
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .post(format!("http://{}/mcp", s.addr))
+            .body("{}")
+            .send()
+            .await
+    });
+    assert!(plain.is_err() || plain.unwrap().status().as_u16() != 200);
+}
+
+/// The front as it runs: confined (seccomp, no new privileges, no
+/// capabilities), with an empty environment, and a Unix-socket listener
+/// whose clients are named by their credentials.
+#[test]
+fn the_front_is_confined_and_serves_a_unix_socket() {
+    let dir = temp_dir("unix");
+    let tokens = token_file(&dir);
+    let sock = dir.join("mcp.sock");
+    // A socket left behind by a server that is gone is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
+    let mut child = command(
+        &[("SNOWLUMA_MCP_TOKEN", "snowluma-secret-token-value")],
+        &["serve-http", "--listen", sock.to_str().unwrap(), "--http-token-file", tokens.to_str().unwrap()],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_until("the socket exists", || sock.exists().then_some(()));
+    let launcher = child.id() as i32;
+    let front = wait_until("the front runs", || {
+        children(launcher).into_iter().find(|p| cmdline(*p).contains("__snowluma-http-front"))
+    });
+    let status = std::fs::read_to_string(format!("/proc/{front}/status")).unwrap();
+    for want in ["Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000"] {
+        assert!(status.contains(want), "{want}: {status}");
+    }
+    let environ = std::fs::read(format!("/proc/{front}/environ")).unwrap_or_default();
+    assert!(environ.is_empty(), "the front starts with an empty environment");
+    let body = serde_json::to_vec(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": modern_meta()}}),
+    )
+    .unwrap();
+    let mut conn = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: application/json\r\nAccept: application/json\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: server/discover\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(&body).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("supportedVersions"), "{text}");
+    // Neither the SnowLuma token nor an access token nobody presented is in
+    // the front's memory (it got digests); the session tree's supervisor
+    // scrubbed its copy of the SnowLuma token, as in stdio mode.
+    assert_eq!(memory_contains(front, b"snowluma-secret-token-value"), Some(false));
+    assert_eq!(memory_contains(front, ALICE2.as_bytes()), Some(false));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher), nix::sys::signal::SIGTERM).unwrap();
+    let st = wait_exit(&mut child, "serve-http stops on SIGTERM");
+    assert!(st.success(), "{st:?}");
+    assert!(!sock.exists(), "the socket is removed at exit");
+    assert!(!alive(front));
+}
+
+/// Legacy server requests travel on the SSE stream of the call that needs
+/// them, and the client's answer (a POST of a response) reaches the session.
+#[test]
+fn a_legacy_elicitation_round_trips_over_the_call_stream() {
+    let dir = temp_dir("elicit");
+    let fake = Fake::start(Some("t0k"));
+    let url = fake.fake.url();
+    let env = [("SNOWLUMA_MCP_ENDPOINT", url.as_str()), ("SNOWLUMA_MCP_MODE", "write"), ("SNOWLUMA_MCP_TOKEN", "t0k")];
+    let s = Server::start(&dir, &env, &[]);
+    let sid = s.initialize_with(ALICE, json!({"elicitation": {"form": {}}}));
+    let call = json!({"jsonrpc": "2.0", "id": "call-1", "method": "tools/call", "params": {
+        "name": "invoke_action_with_input",
+        "arguments": {"action": "send_group_msg", "params": {"group_id": 20001}}}});
+    let final_msg = s.rt.block_on(async {
+        let mut resp = s
+            .client
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("accept", "application/json, text/event-stream")
+            .body(serde_json::to_vec(&call).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.headers().get("content-type").unwrap(), "text/event-stream");
+        let mut buf = String::new();
+        let mut answered = false;
+        loop {
+            let chunk = resp.chunk().await.unwrap().expect("the stream ends after the response");
+            buf.push_str(std::str::from_utf8(&chunk).unwrap());
+            while let Some(end) = buf.find("\n\n") {
+                let event: String = buf.drain(..end + 2).collect();
+                let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
+                let msg: Value = serde_json::from_str(data).unwrap();
+                if msg["method"] == "elicitation/create" {
+                    assert!(!answered);
+                    answered = true;
+                    let answer = json!({"jsonrpc": "2.0", "id": msg["id"], "result": {
+                        "action": "accept", "content": {"params_json": "{\"message\":\"Hello\"}"}}});
+                    let r = s
+                        .client
+                        .post(s.url())
+                        .header("authorization", format!("Bearer {ALICE}"))
+                        .header("mcp-session-id", &sid)
+                        .header("mcp-protocol-version", "2025-11-25")
+                        .body(serde_json::to_vec(&answer).unwrap())
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status().as_u16(), 202);
+                } else if msg.get("result").is_some() || msg.get("error").is_some() {
+                    assert!(answered, "the answer came first");
+                    return msg;
+                }
+            }
+        }
+    });
+    assert_eq!(final_msg["id"], "call-1", "the client's id");
+    assert!(!is_error(&final_msg["result"]), "{final_msg}");
+    let sent: Vec<Value> = fake
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.action.as_deref() == Some("send_group_msg"))
+        .filter_map(|r| r.json())
+        .collect();
+    assert_eq!(sent, [json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}})]);
+}
+
+/// A legacy client that disappears mid-write: its session is not tied to a
+/// connection, so it ends when it has been idle for `--idle-timeout` (no
+/// request and no stream open); the write is cancelled and audited unknown.
+#[test]
+fn a_legacy_client_that_vanishes_mid_write_is_expired_and_the_write_audited_unknown() {
+    let dir = temp_dir("vanish-legacy");
+    let log = dir.join("audit.jsonl");
+    let fake = Fake::start(Some("t"));
+    fake.fake.set_fault("send_group_msg", snowluma_fake::Fault::Hang);
+    let url = fake.fake.url();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_AUDIT_LOG", log.to_str().unwrap()),
+    ];
+    let s = Server::start(&dir, &env, &["--idle-timeout", "1"]);
+    let sid = s.initialize(BOB);
+    let body = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "invoke_action", "arguments": {"action": "send_group_msg", "params": {"group_id": 1, "message": "x"}}}}))
+    .unwrap();
+    let mut conn = std::net::TcpStream::connect(&s.addr).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {BOB}\r\nMcp-Session-Id: {sid}\r\nMCP-Protocol-Version: 2025-11-25\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n",
+        s.addr,
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(&body).unwrap();
+    wait_until("SnowLuma received the write", || {
+        fake.fake.requests().iter().any(|r| r.action.as_deref() == Some("send_group_msg")).then_some(())
+    });
+    let tree = s.session_pids()[0];
+    let mut pids = descendants(tree);
+    pids.push(tree);
+    drop(conn);
+    wait_until("the abandoned session's tree is reaped", || {
+        let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    });
+    let records: Vec<Value> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let result = records.iter().find(|r| r["phase"] == "result").expect("a result record");
+    assert_eq!(result["outcome"], "unknown", "{result}");
+    assert!(records.iter().all(|r| r["principal"]["token_id"] == "bob"), "{records:?}");
+    assert_eq!(s.call(BOB, &sid, 3, "list_categories", json!({})).status, 404, "the session is gone");
+}
+
+/// The next SSE message on a streaming response (comments skipped).
+async fn next_sse(resp: &mut reqwest::Response, buf: &mut String) -> Value {
+    loop {
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            if let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) {
+                return serde_json::from_str(data).unwrap();
+            }
+        }
+        let chunk = resp.chunk().await.unwrap().expect("the stream is open");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+}
+
+/// Event resources over HTTP: legacy updates on the GET stream, modern
+/// updates on a `subscriptions/listen` stream opened on another connection
+/// (tagged with the client's own listen id), and no session sees another's
+/// resources.
+#[test]
+fn event_updates_reach_the_right_stream_and_no_other_session() {
+    const SELF_ID: i64 = 10001;
+    let dir = temp_dir("events");
+    let fake = Fake::start(Some("ev-token"));
+    let ev = fake.start_events(Some("ev-token"), SELF_ID);
+    let (url, ws) = (fake.fake.url(), ev.url());
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_MODE", "read"),
+        ("SNOWLUMA_MCP_TOKEN", "ev-token"),
+        ("SNOWLUMA_MCP_EVENTS_URL", ws.as_str()),
+    ];
+    let s = Server::start(&dir, &env, &[]);
+    // Legacy: subscribe, resources/subscribe, the GET stream gets the update.
+    let sid = s.initialize(ALICE);
+    let r = s.call(ALICE, &sid, 2, "subscribe_events", json!({"self_id": SELF_ID}));
+    let uri = structured(&r.last()["result"])["result"]["uri"].as_str().unwrap().to_owned();
+    let sub = s.post(
+        Some(ALICE),
+        Some(&sid),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "resources/subscribe", "params": {"uri": uri}}),
+    );
+    assert_eq!(sub.status, 200, "{sub:?}");
+    // Bob's session cannot read alice's resource.
+    let bob = s.initialize(BOB);
+    let other = s.post(
+        Some(BOB),
+        Some(&bob),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": uri}}),
+    );
+    assert!(other.last().get("error").is_some(), "{other:?}");
+    let update = s.rt.block_on(async {
+        let mut get = s
+            .client
+            .get(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(get.status().as_u16(), 200);
+        ev.send(&snowluma_fake::events::group_message(SELF_ID, 20001, 30001, "one"));
+        let mut buf = String::new();
+        next_sse(&mut get, &mut buf).await
+    });
+    assert_eq!(update["method"], "notifications/resources/updated", "{update}");
+    assert_eq!(update["params"]["uri"], uri.as_str());
+
+    // Modern: subscribe on one connection, listen on another.
+    let r = s.modern(
+        BOB,
+        1,
+        "tools/call",
+        Some("subscribe_events"),
+        json!({"name": "subscribe_events", "arguments": {"self_id": SELF_ID}}),
+    );
+    let muri = structured(&r.last()["result"])["result"]["uri"].as_str().unwrap().to_owned();
+    let listener = s.client_for_another_connection();
+    let (ack, n) = s.rt.block_on(async {
+        let mut params = json!({"notifications": {"resourceSubscriptions": [muri]}});
+        params["_meta"] = modern_meta();
+        let mut listen = listener
+            .post(s.url())
+            .header("authorization", format!("Bearer {BOB}"))
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "subscriptions/listen")
+            .header("accept", "application/json, text/event-stream")
+            .body(
+                serde_json::to_vec(
+                    &json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen", "params": params}),
+                )
+                .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let mut buf = String::new();
+        let ack = next_sse(&mut listen, &mut buf).await;
+        ev.send(&snowluma_fake::events::private_message(SELF_ID, 30001, "hello"));
+        let n = next_sse(&mut listen, &mut buf).await;
+        (ack, n)
+    });
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1", "the client's id: {ack}");
+    assert_eq!(n["method"], "notifications/resources/updated", "{n}");
+    assert_eq!(n["params"]["uri"], muri.as_str());
+    assert_eq!(n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1", "{n}");
+}
+
+/// A download with progress over HTTP, in both eras: the progress
+/// notifications stream on the call's response, in order, before it.
+#[test]
+fn transfers_stream_progress_on_the_call_response() {
+    let dir = temp_dir("transfer");
+    let downloads = dir.join("downloads");
+    let fake = Fake::start(Some("t"));
+    let data: Vec<u8> = (0..200_000usize).map(|i| (i * 31 % 251) as u8).collect();
+    fake.fake.add_file("p.bin", data.clone());
+    fake.fake.set_fault("download_file_stream", snowluma_fake::Fault::StreamSplit(2048));
+    let url = fake.fake.url();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_STREAM_DIR", downloads.to_str().unwrap()),
+    ];
+    let s = Server::start(&dir, &env, &[]);
+    let args = json!({"action": "download_file_stream", "params": {"file": "p.bin", "chunk_size": 1000}});
+    let check = |r: &Reply, token: &Value| {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers.get("content-type").unwrap(), "text/event-stream", "{r:?}");
+        let progress: Vec<f64> = r
+            .messages
+            .iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .inspect(|m| assert_eq!(&m["params"]["progressToken"], token))
+            .map(|m| m["params"]["progress"].as_f64().unwrap())
+            .collect();
+        assert!(!progress.is_empty(), "{r:?}");
+        assert!(progress.windows(2).all(|w| w[1] > w[0]), "{progress:?}");
+        assert_eq!(*progress.last().unwrap(), data.len() as f64);
+        assert!(is_response_ok(r.last()), "{:?}", r.last());
+    };
+    let sid = s.initialize(ALICE);
+    let legacy = s.post(
+        Some(ALICE),
+        Some(&sid),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "invoke_action", "arguments": args, "_meta": {"progressToken": "dl-1"}}}),
+    );
+    check(&legacy, &json!("dl-1"));
+    let mut meta = modern_meta();
+    meta["progressToken"] = json!(7);
+    let modern = s.post(
+        Some(ALICE),
+        None,
+        &[("mcp-protocol-version", MODERN), ("mcp-method", "tools/call"), ("mcp-name", "invoke_action")],
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "invoke_action", "arguments": args, "_meta": meta}}),
+    );
+    check(&modern, &json!(7));
+}
+
+fn is_response_ok(m: &Value) -> bool {
+    m.get("result").is_some_and(|r| !is_error(r))
+}
+
+/// A legacy client's `notifications/cancelled` names its own request id:
+/// the right call is cancelled (a write: outcome unknown) and its response
+/// stream ends without an answer.
+#[test]
+fn a_legacy_cancellation_reaches_the_right_call() {
+    let dir = temp_dir("cancel");
+    let log = dir.join("audit.jsonl");
+    let fake = Fake::start(Some("t"));
+    fake.fake.set_fault("send_group_msg", snowluma_fake::Fault::Hang);
+    let url = fake.fake.url();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_AUDIT_LOG", log.to_str().unwrap()),
+    ];
+    let s = Server::start(&dir, &env, &[]);
+    let sid = s.initialize(ALICE);
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+        "name": "invoke_action", "arguments": {"action": "send_group_msg", "params": {"group_id": 1, "message": "x"}}}});
+    let text = s.rt.block_on(async {
+        let pending = s
+            .client
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("accept", "application/json, text/event-stream")
+            .body(serde_json::to_vec(&call).unwrap())
+            .send();
+        let cancel = async {
+            while !fake.fake.requests().iter().any(|r| r.action.as_deref() == Some("send_group_msg")) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            let r = s
+                .client
+                .post(s.url())
+                .header("authorization", format!("Bearer {ALICE}"))
+                .header("mcp-session-id", &sid)
+                .body(
+                    r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5,"reason":"user"}}"#,
+                )
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 202);
+        };
+        let (resp, ()) = tokio::join!(pending, cancel);
+        let resp = resp.unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        assert_eq!(resp.headers().get("content-type").unwrap(), "text/event-stream");
+        resp.text().await.unwrap()
+    });
+    assert_eq!(text, "", "no answer for a cancelled call");
+    wait_until("the write's result is audited", || {
+        let t = std::fs::read_to_string(&log).unwrap();
+        t.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|r| r["phase"] == "result")
+    });
+    let t = std::fs::read_to_string(&log).unwrap();
+    let result: Value =
+        t.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|r| r["phase"] == "result").unwrap();
+    assert_eq!(result["outcome"], "unknown");
+    // The session goes on.
+    assert_eq!(s.call(ALICE, &sid, 6, "list_categories", json!({})).status, 200);
+}
+
+/// Modern input completion over HTTP: the `input_required` result's
+/// `requestState` is redeemed from another connection of the same client;
+/// another token's tree cannot redeem it.
+#[test]
+fn a_modern_input_round_survives_a_new_connection_but_not_another_token() {
+    let dir = temp_dir("mrtr");
+    let fake = Fake::start(Some("t0k"));
+    let url = fake.fake.url();
+    // The sessions' options may follow `serve-http` (here: mode and endpoint).
+    let s = Server::start(&dir, &[("SNOWLUMA_MCP_TOKEN", "t0k")], &["--mode", "write", "--endpoint", url.as_str()]);
+    let caps = json!({"elicitation": {"form": {}}});
+    let args = json!({"action": "send_group_msg", "params": {"group_id": 20001}});
+    let params = |extra: Value| {
+        let mut p =
+            json!({"name": "invoke_action_with_input", "arguments": args, "_meta": modern_meta_with(caps.clone())});
+        if let Value::Object(m) = extra {
+            for (k, v) in m {
+                p[k] = v;
+            }
+        }
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": p})
+    };
+    let h = [("mcp-protocol-version", MODERN), ("mcp-method", "tools/call"), ("mcp-name", "invoke_action_with_input")];
+    let first = s.post(Some(ALICE), None, &h, &params(json!({})));
+    let r = &first.last()["result"];
+    assert_eq!(r["resultType"], "input_required", "{first:?}");
+    let state = r["requestState"].as_str().unwrap().to_owned();
+    let retry = params(json!({"requestState": state,
+        "inputResponses": {"params": {"action": "accept", "content": {"params_json": "{\"message\":\"Hello\"}"}}}}));
+    // Bob's tree knows nothing of it.
+    let stolen = s.post(Some(BOB), None, &h, &retry);
+    assert!(stolen.last().get("error").is_some() || is_error(&stolen.last()["result"]), "{stolen:?}");
+    assert!(fake.fake.requests().is_empty(), "nothing executed for bob");
+    // Alice, on a fresh connection.
+    let other = s.client_for_another_connection();
+    let done: Value = s.rt.block_on(async {
+        let mut req =
+            other.post(s.url()).header("authorization", format!("Bearer {ALICE}")).header("accept", "application/json");
+        for (k, v) in h {
+            req = req.header(k, v);
+        }
+        let text = req.body(serde_json::to_vec(&retry).unwrap()).send().await.unwrap().text().await.unwrap();
+        serde_json::from_str(&text).unwrap()
+    });
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    assert!(!is_error(&done["result"]), "{done}");
+    let sent: Vec<Value> = fake.fake.requests().iter().filter_map(|r| r.json()).collect();
+    assert_eq!(sent, [json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}})]);
+}
+
+/// Whether `needle` is in a process's writable memory (None: unreadable).
+fn memory_contains(pid: i32, needle: &[u8]) -> Option<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut read_any = false;
+    for line in maps.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else { continue };
+        if !perms.starts_with("rw") {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (u64::from_str_radix(a, 16).unwrap(), u64::from_str_radix(b, 16).unwrap());
+        if b - a > 256 << 20 {
+            continue;
+        }
+        let mut buf = vec![0u8; (b - a) as usize];
+        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        read_any = true;
+        if buf.windows(needle.len()).any(|w| w == needle) {
+            return Some(true);
+        }
+    }
+    read_any.then_some(false)
+}
