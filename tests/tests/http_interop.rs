@@ -17,6 +17,8 @@
 //!   cancelled call's connection closed, the downloaded file complete), and
 //!   the server's own log now that the harness holds it (the cancelled call
 //!   logged as cancelled; no panic anywhere in the process tree).
+//! * A Unix socket (`--listen /abs/path.sock`): the Python client in docs
+//!   mode through httpx2's Unix socket transport.
 //! * The door: requests without the token, or with a wrong one, get 401; a
 //!   token file other users can read is refused at start.
 //!
@@ -99,6 +101,8 @@ struct ServerEnv {
 struct HttpServer {
     child: Child,
     port: u16,
+    /// With `--listen /abs/path.sock`: the socket (`port` is then 0).
+    socket: Option<PathBuf>,
     stderr: Arc<Mutex<String>>,
     token: String,
     token_file: PathBuf,
@@ -126,7 +130,7 @@ impl HttpServer {
                 }
             });
             match up {
-                None => return HttpServer { child, port, stderr, token, token_file, dir },
+                None => return HttpServer { child, port, socket: None, stderr, token, token_file, dir },
                 Some(status) => {
                     let log = stderr.lock().unwrap().clone();
                     let _ = child.wait();
@@ -140,8 +144,28 @@ impl HttpServer {
         panic!("serve-http found no free loopback port in 3 tries");
     }
 
+    /// The same on a Unix socket in the test's private directory.
+    fn start_unix(name: &str, env: ServerEnv) -> HttpServer {
+        let dir = private_dir(name);
+        let token = random_token();
+        let token_file = write_token_file(&dir, &token, 0o600);
+        let socket = dir.join("mcp.sock");
+        let mut cmd = serve_http_command(&env, &token_file, socket.to_str().unwrap());
+        let (mut child, stderr) = spawn_logged(&mut cmd);
+        wait_until("serve-http accepts connections on its Unix socket", || {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("serve-http exited ({status}) before accepting connections:\n{}", stderr.lock().unwrap());
+            }
+            std::os::unix::net::UnixStream::connect(&socket).map(drop)
+        });
+        HttpServer { child, port: 0, socket: Some(socket), stderr, token, token_file, dir }
+    }
+
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
+        match &self.socket {
+            Some(_) => "http://localhost/mcp".to_owned(),
+            None => format!("http://127.0.0.1:{}/mcp", self.port),
+        }
     }
 
     fn stderr_text(&self) -> String {
@@ -289,6 +313,9 @@ struct Run<'a> {
 /// and the server's log on failure. Returns its stdout.
 fn run_client(client: Client, server: &HttpServer, run: &Run<'_>) -> String {
     let mut cmd = client_command(client);
+    if let Some(socket) = &server.socket {
+        cmd.arg("--http-unix-socket").arg(socket);
+    }
     cmd.arg("--http")
         .arg(server.url())
         .current_dir(repo_root())
@@ -474,6 +501,14 @@ fn python_sdk_http_read() {
 #[test]
 fn python_sdk_http_write() {
     write(Client::Python);
+}
+
+/// `serve-http --listen /abs/path.sock`: the Python SDK (httpx2's Unix
+/// socket transport) in docs mode.
+#[test]
+fn python_sdk_http_docs_over_a_unix_socket() {
+    let server = HttpServer::start_unix("unix-docs", ServerEnv { mode: "docs", ..ServerEnv::default() });
+    run_client(Client::Python, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
 }
 
 // --------------------------------------------------------------- the door --

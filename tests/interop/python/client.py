@@ -50,6 +50,10 @@ serve-http` itself, in the same mode, with the same endpoint and stream
 directory):
 
     client.py --http http://127.0.0.1:PORT/mcp [--http-token-file FILE]
+    client.py --http http://localhost/mcp --http-unix-socket /abs/path.sock
+
+(the second for `serve-http --listen /abs/path.sock`: the URL's path and Host
+header, the connection to the socket).
 
 The token file (`ID:TOKEN` lines, `#` comments; the entry
 $SNOWLUMA_TEST_HTTP_TOKEN_ID or the first) comes from --http-token-file or
@@ -295,9 +299,10 @@ class _ReceiveTap:
 class HttpTarget:
     """`--http URL` and its bearer token (see the module docstring)."""
 
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, unix_socket: str | None = None) -> None:
         self.url = url
         self.token = token
+        self.unix_socket = unix_socket
         self.responses: list[tuple[str, int]] = []  # (method, status) of every HTTP response
 
 
@@ -320,6 +325,7 @@ def read_bearer_token(path: str, entry: str | None) -> str:
 def http_target(argv: list[str]) -> HttpTarget | None:
     """The --http mode's target, or None over stdio. Raises CheckFailed when incomplete."""
     url = None
+    unix_socket = None
     token_file = os.environ.get("SNOWLUMA_TEST_HTTP_TOKEN_FILE") or None
     it = iter(argv)
     for arg in it:
@@ -331,6 +337,10 @@ def http_target(argv: list[str]) -> HttpTarget | None:
             token_file = next(it, None)
         elif arg.startswith("--http-token-file="):
             token_file = arg.partition("=")[2]
+        elif arg == "--http-unix-socket":
+            unix_socket = next(it, None)
+        elif arg.startswith("--http-unix-socket="):
+            unix_socket = arg.partition("=")[2]
         else:
             raise CheckFailed(f"unknown argument {arg!r}")
     if url is None:
@@ -339,7 +349,10 @@ def http_target(argv: list[str]) -> HttpTarget | None:
         raise CheckFailed("--http needs the server URL (http://HOST:PORT/mcp)")
     if not token_file:
         raise CheckFailed("--http needs a token file: --http-token-file FILE or SNOWLUMA_TEST_HTTP_TOKEN_FILE")
-    return HttpTarget(url, read_bearer_token(token_file, os.environ.get("SNOWLUMA_TEST_HTTP_TOKEN_ID") or None))
+    if unix_socket is not None and not os.path.isabs(unix_socket):
+        raise CheckFailed(f"--http-unix-socket needs an absolute path, got {unix_socket!r}")
+    token = read_bearer_token(token_file, os.environ.get("SNOWLUMA_TEST_HTTP_TOKEN_ID") or None)
+    return HttpTarget(url, token, unix_socket)
 
 
 @asynccontextmanager
@@ -350,7 +363,11 @@ async def tapped_http(target: HttpTarget, sent: list, received: list):
     async def on_response(response: Any) -> None:
         target.responses.append((response.request.method, response.status_code))
 
+    # Over a Unix socket (serve-http --listen /abs/path.sock): httpx2's own
+    # transport option; the URL still gives the path and the Host header.
+    transport = httpx2.AsyncHTTPTransport(uds=target.unix_socket) if target.unix_socket else None
     client = httpx2.AsyncClient(
+        transport=transport,
         headers={"Authorization": f"Bearer {target.token}"},
         timeout=httpx2.Timeout(30.0, read=300.0),  # the SDK's defaults (create_mcp_http_client)
         event_hooks={"response": [on_response]},
