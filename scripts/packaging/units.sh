@@ -14,9 +14,11 @@
 # self-confinement (prctl, Landlock, seccomp), the shared audit log (flock,
 # fdatasync, ftruncate, pwrite64), the audit peer (getsockopt SO_PEERCRED) and file transfer
 # (openat2 beneath a directory descriptor, renameat2 RENAME_NOREPLACE,
-# descriptors passed with sendmsg/recvmsg).
+# descriptors passed with sendmsg/recvmsg) and serve-http's listener (bind,
+# listen, accept4).
 REQUIRED_SYSCALLS="socketpair clone clone3 close_range execveat prctl landlock_create_ruleset landlock_add_rule
-    landlock_restrict_self seccomp flock fdatasync ftruncate pwrite64 getsockopt openat2 renameat2 sendmsg recvmsg"
+    landlock_restrict_self seccomp flock fdatasync ftruncate pwrite64 getsockopt openat2 renameat2 sendmsg recvmsg
+    bind listen accept4"
 
 section "systemd units: systemd-analyze verify"
 # An alternative root holding the host's own units (for sysinit.target and
