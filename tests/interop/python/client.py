@@ -391,6 +391,7 @@ class Run:
     ) -> None:
         self.report = report
         self.http = http
+        self.http_mark = 0
         self.mode = mode
         self.era = era
         self.env = env
@@ -903,6 +904,7 @@ class Run:
 
     async def run(self) -> None:
         if self.http is not None:
+            self.http_mark = len(self.http.responses)  # this session's responses start here
             transport = tapped_http(self.http, self.sent, self.received)
         else:
             params = StdioServerParameters(
@@ -975,7 +977,12 @@ class Run:
                 try:
                     await client.__aexit__(None, None, None)
                 except Exception as e:
-                    self.report.fail(self.name("close"), describe(e))
+                    extra = ""
+                    if self.http is not None:
+                        refused = [r for r in self.http.responses[self.http_mark :] if r[1] >= 400]
+                        extra = f" (HTTP responses >= 400 in this session: {refused})" if refused else ""
+                    self.report.fail(self.name("close"), describe(e) + extra)
+                    traceback.print_exc(file=sys.stderr)
                     closing_started = None
                 took = time.monotonic() - started
                 if closing_started is not None:
@@ -985,8 +992,9 @@ class Run:
         """The server must exit by itself once its stdin closes, leaving nothing behind.
         Over HTTP: a legacy session must have been ended by an accepted DELETE."""
         if self.http is not None:
-            deletes = [status for method, status in self.http.responses if method == "DELETE"]
-            denied = [(m, st) for m, st in self.http.responses if st in (401, 403)]
+            mine = self.http.responses[self.http_mark :]
+            deletes = [status for method, status in mine if method == "DELETE"]
+            denied = [(m, st) for m, st in mine if st in (401, 403)]
             if denied:
                 self.report.fail(self.name("close"), f"the server refused requests: {denied[:3]}")
             elif self.era == "legacy" and not deletes:
