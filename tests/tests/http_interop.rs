@@ -19,6 +19,9 @@
 //!   logged as cancelled; no panic anywhere in the process tree).
 //! * A Unix socket (`--listen /abs/path.sock`): the Python client in docs
 //!   mode through httpx2's Unix socket transport.
+//! * TLS (`--tls-cert`, `--tls-key`, a self-signed certificate made with
+//!   `openssl req`): the three clients in docs mode and three conformance
+//!   scenarios over https.
 //! * The door: requests without the token, or with a wrong one, get 401; a
 //!   token file other users can read is refused at start.
 //!
@@ -94,6 +97,9 @@ struct ServerEnv {
     endpoint: Option<String>,
     stream_dir: Option<PathBuf>,
     events_url: Option<String>,
+    /// Serve https with a fresh self-signed certificate for 127.0.0.1
+    /// (`--tls-cert`, `--tls-key`); the clients trust it as their CA.
+    tls: bool,
 }
 
 /// A running `snowluma-mcp serve-http`; stopped (SIGTERM, then SIGKILL at
@@ -106,6 +112,8 @@ struct HttpServer {
     stderr: Arc<Mutex<String>>,
     token: String,
     token_file: PathBuf,
+    /// With `tls`: the certificate, which the clients take as their CA.
+    ca_file: Option<PathBuf>,
     dir: PathBuf,
 }
 
@@ -114,6 +122,7 @@ impl HttpServer {
         let dir = private_dir(name);
         let token = random_token();
         let token_file = write_token_file(&dir, &token, 0o600);
+        let ca_file = env.tls.then(|| self_signed_certificate(&dir));
         // The port is free when picked; should something else take it before
         // the server binds, the server exits and the next port is tried.
         for _ in 0..3 {
@@ -130,7 +139,7 @@ impl HttpServer {
                 }
             });
             match up {
-                None => return HttpServer { child, port, socket: None, stderr, token, token_file, dir },
+                None => return HttpServer { child, port, socket: None, stderr, token, token_file, ca_file, dir },
                 Some(status) => {
                     let log = stderr.lock().unwrap().clone();
                     let _ = child.wait();
@@ -158,12 +167,13 @@ impl HttpServer {
             }
             std::os::unix::net::UnixStream::connect(&socket).map(drop)
         });
-        HttpServer { child, port: 0, socket: Some(socket), stderr, token, token_file, dir }
+        HttpServer { child, port: 0, socket: Some(socket), stderr, token, token_file, ca_file: None, dir }
     }
 
     fn url(&self) -> String {
         match &self.socket {
             Some(_) => "http://localhost/mcp".to_owned(),
+            None if self.ca_file.is_some() => format!("https://127.0.0.1:{}/mcp", self.port),
             None => format!("http://127.0.0.1:{}/mcp", self.port),
         }
     }
@@ -224,7 +234,29 @@ fn serve_http_command(env: &ServerEnv, token_file: &Path, listen: &str) -> Comma
     if let Some(u) = &env.events_url {
         cmd.env("SNOWLUMA_MCP_EVENTS_URL", u);
     }
+    if env.tls {
+        let dir = token_file.parent().unwrap();
+        cmd.arg("--tls-cert").arg(dir.join("cert.pem")).arg("--tls-key").arg(dir.join("key.pem"));
+    }
     cmd
+}
+
+/// A self-signed P-256 certificate for 127.0.0.1 and localhost (openssl
+/// req), `cert.pem` and `key.pem` (0600) in `dir`; returns the certificate.
+fn self_signed_certificate(dir: &Path) -> PathBuf {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .bounded_output()
+        .unwrap_or_else(|e| panic!("the TLS tests need the openssl command (Debian: apt-get install openssl): {e}"));
+    assert!(out.status.success(), "openssl req failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    cert
 }
 
 /// Spawn with stdin closed, stdout discarded into the log too, and stderr
@@ -315,6 +347,10 @@ fn run_client(client: Client, server: &HttpServer, run: &Run<'_>) -> String {
     let mut cmd = client_command(client);
     if let Some(socket) = &server.socket {
         cmd.arg("--http-unix-socket").arg(socket);
+    }
+    if let Some(ca) = &server.ca_file {
+        // Node reads its extra CAs at start; the Python client takes its own.
+        cmd.env("NODE_EXTRA_CA_CERTS", ca).env("SNOWLUMA_TEST_HTTP_CA_FILE", ca);
     }
     cmd.arg("--http")
         .arg(server.url())
@@ -509,6 +545,34 @@ fn python_sdk_http_write() {
 fn python_sdk_http_docs_over_a_unix_socket() {
     let server = HttpServer::start_unix("unix-docs", ServerEnv { mode: "docs", ..ServerEnv::default() });
     run_client(Client::Python, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
+}
+
+/// TLS (`--tls-cert`, `--tls-key`): the three SDK clients in docs mode over
+/// https, trusting the test certificate, and the conformance suite's
+/// DNS-rebinding and listing scenarios through the proxy over https.
+#[test]
+fn sdk_clients_and_conformance_over_tls() {
+    let server = HttpServer::start("tls", ServerEnv { mode: "docs", tls: true, ..ServerEnv::default() });
+    for client in [Client::TsV1, Client::TsV2, Client::Python] {
+        run_client(client, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
+    }
+    let out = Command::new(interop_dir().join("conformance.sh"))
+        .arg(server.url())
+        .arg(&server.token_file)
+        .args(["--scenario", "dns-rebinding-protection", "--scenario", "tools-list", "--scenario", "server-initialize"])
+        .env("NODE_EXTRA_CA_CERTS", server.ca_file.as_ref().unwrap())
+        .current_dir(repo_root())
+        .bounded_output()
+        .unwrap_or_else(|e| panic!("cannot run tests/interop/conformance.sh ({e}); {SETUP_HINT}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the conformance scenarios over TLS failed ({}):\n{stdout}\n--- stderr ---\n{}\n--- server ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        server.stderr_text()
+    );
+    server.assert_no_crash("tls");
 }
 
 // --------------------------------------------------------------- the door --

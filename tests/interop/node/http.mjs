@@ -9,6 +9,7 @@
 import fs from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
+import net from 'node:net';
 
 /**
  * The token of a serve-http token file (`ID:TOKEN` per line, `#` comments,
@@ -71,6 +72,12 @@ export function startBearerProxy(upstream, token) {
     const upstreamPort = upstream.port || (upstreamTls ? '443' : '80');
     const client = upstreamTls ? https : http;
     const bindHost = upstream.hostname === '[::1]' || upstream.hostname === '::1' ? '::1' : '127.0.0.1';
+    const upstreamHost = upstream.hostname.replace(/^\[|\]$/g, '');
+    // TLS: the server's name comes from the URL, never from the forwarded
+    // Host header (Node would derive SNI and the certificate check from it,
+    // and the DNS-rebinding scenario's Host is evil.example.com). An IP
+    // address gets no SNI and is checked against the certificate's IP SANs.
+    const servername = net.isIP(upstreamHost) ? '' : upstreamHost;
     let proxyPort;
 
     const mapHost = (value) => {
@@ -99,7 +106,8 @@ export function startBearerProxy(upstream, token) {
         headers.authorization = `Bearer ${token}`;
         const up = client.request({
             protocol: upstream.protocol,
-            hostname: upstream.hostname.replace(/^\[|\]$/g, ''),
+            hostname: upstreamHost,
+            ...(upstreamTls ? { servername } : {}),
             port: upstreamPort,
             method: req.method,
             path: req.url,

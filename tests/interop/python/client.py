@@ -53,7 +53,8 @@ directory):
     client.py --http http://localhost/mcp --http-unix-socket /abs/path.sock
 
 (the second for `serve-http --listen /abs/path.sock`: the URL's path and Host
-header, the connection to the socket).
+header, the connection to the socket). For an https:// URL whose certificate
+a test CA signed, $SNOWLUMA_TEST_HTTP_CA_FILE names that CA (PEM).
 
 The token file (`ID:TOKEN` lines, `#` comments; the entry
 $SNOWLUMA_TEST_HTTP_TOKEN_ID or the first) comes from --http-token-file or
@@ -363,11 +364,19 @@ async def tapped_http(target: HttpTarget, sent: list, received: list):
     async def on_response(response: Any) -> None:
         target.responses.append((response.request.method, response.status_code))
 
+    # A test CA for https:// (serve-http --tls-cert): trusted instead of the system roots.
+    ca_file = os.environ.get("SNOWLUMA_TEST_HTTP_CA_FILE")
+    verify: Any = True
+    if ca_file:
+        import ssl
+
+        verify = ssl.create_default_context(cafile=ca_file)
     # Over a Unix socket (serve-http --listen /abs/path.sock): httpx2's own
     # transport option; the URL still gives the path and the Host header.
-    transport = httpx2.AsyncHTTPTransport(uds=target.unix_socket) if target.unix_socket else None
+    transport = httpx2.AsyncHTTPTransport(uds=target.unix_socket, verify=verify) if target.unix_socket else None
     client = httpx2.AsyncClient(
         transport=transport,
+        verify=verify,
         headers={"Authorization": f"Bearer {target.token}"},
         timeout=httpx2.Timeout(30.0, read=300.0),  # the SDK's defaults (create_mcp_http_client)
         event_hooks={"response": [on_response]},
