@@ -219,7 +219,8 @@ async function main() {
     const proxied = proxy.url.href;
     process.stderr.write(`conformance: suite ${SUITE_VERSION} (Node ${process.version}) against ${url} through the bearer proxy ${proxied}\n`);
 
-    const outRoot = keep ? fs.mkdirSync(keep, { recursive: true }) && keep : fs.mkdtempSync(path.join(os.tmpdir(), 'snowluma-conformance-'));
+    if (keep) fs.mkdirSync(keep, { recursive: true });
+    const outRoot = keep ?? fs.mkdtempSync(path.join(os.tmpdir(), 'snowluma-conformance-'));
     const rows = [];
     let failed = 0;
     try {
