@@ -57,6 +57,8 @@ t "system user snowluma-mcp: home /nonexistent, no login" \
 t "group snowluma-mcp-clients exists" getent group snowluma-mcp-clients
 t "env file is root:snowluma-mcp 0640" bash -c '[[ $(stat -c %U:%G:%a '"$ENV_FILE"') == root:snowluma-mcp:640 ]]'
 t "snowluma-mcp.socket is enabled" systemctl is-enabled --quiet snowluma-mcp.socket
+t "snowluma-mcp-http.service is installed, neither enabled nor started (opt-in)" \
+    bash -c '[[ $(systemctl is-enabled snowluma-mcp-http.service) == disabled ]] && ! systemctl is-active --quiet snowluma-mcp-http.service'
 t "snowluma-mcp.socket starts" systemctl start snowluma-mcp.socket
 t "socket is root:snowluma-mcp-clients 0660" bash -c '[[ $(stat -c %U:%G:%a '"$SOCK"') == root:snowluma-mcp-clients:660 ]]'
 useradd -m alice && useradd -m bob && adduser --quiet alice snowluma-mcp-clients

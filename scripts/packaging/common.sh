@@ -9,6 +9,7 @@ MAX_EXPOSURE=15            # systemd-analyze's 0..100 scale: 15 is "1.5"
 CARGO_DEB_VERSION=3.8.0    # the version whose behaviour the metadata relies on
 UNIT_SOCKET=snowluma-mcp.socket
 UNIT_SERVICE=snowluma-mcp@.service
+UNIT_HTTP=snowluma-mcp-http.service   # serve-http; opt-in, shipped as a plain file
 SRC=packaging/systemd
 env_file=$SRC/snowluma-mcp.env
 

@@ -20,6 +20,7 @@ declare -A expect=(
     [./usr/bin/snowluma-mcp]=-rwxr-xr-x
     [./usr/lib/systemd/system/$UNIT_SOCKET]=-rw-r--r--
     [./usr/lib/systemd/system/$UNIT_SERVICE]=-rw-r--r--
+    [./usr/lib/systemd/system/$UNIT_HTTP]=-rw-r--r--
     [./etc/snowluma-mcp/snowluma-mcp.env]=-rw-r-----
     [./usr/share/doc/snowluma-mcp/copyright]=-rw-r--r--
     [./usr/share/doc/snowluma-mcp/README.md]=-rw-r--r--
@@ -51,7 +52,7 @@ ok "${#seen[@]} files present with the expected modes and owners, nothing else"
 
 root=$tmp/pkg
 dpkg-deb -x "$deb" "$root"
-for u in "$UNIT_SOCKET" "$UNIT_SERVICE"; do
+for u in "$UNIT_SOCKET" "$UNIT_SERVICE" "$UNIT_HTTP"; do
     check "packaged $u is $SRC/$u" cmp -s "$root/usr/lib/systemd/system/$u" "$SRC/$u"
 done
 check "packaged env template is $env_file" cmp -s "$root/etc/snowluma-mcp/snowluma-mcp.env" "$env_file"
@@ -87,4 +88,10 @@ check "no maintainer script starts a unit on installation" \
     bash -c '! grep -hE "deb-systemd-invoke (start|restart) " "$@"' _ "$ctl/postinst" "$ctl/prerm" "$ctl/postrm"
 check "the template service is never enabled or started by the package" \
     bash -c '! grep -h "snowluma-mcp@" "$@" | grep -qE "deb-systemd-(helper|invoke)"' _ "$ctl/postinst" "$ctl/prerm" "$ctl/postrm"
+check "$UNIT_HTTP is never enabled or started by the package" \
+    bash -c '! grep -hE "deb-systemd-helper (enable|update-state).*snowluma-mcp-http|deb-systemd-invoke (start|restart) .*snowluma-mcp-http|systemctl (enable|start) .*snowluma-mcp-http" "$@"' \
+    _ "$ctl/postinst" "$ctl/prerm" "$ctl/postrm"
+check "postinst try-restarts $UNIT_HTTP on upgrade only" \
+    bash -c 'grep -q "deb-systemd-invoke try-restart snowluma-mcp-http.service" "$1" && grep -q "\[ -n \"\$2\" \]" "$1"' _ "$ctl/postinst"
+check "prerm stops $UNIT_HTTP on removal" grep -q "deb-systemd-invoke stop snowluma-mcp-http.service" "$ctl/prerm"
 check "postrm removes the user on purge" grep -q 'deluser --quiet --system snowluma-mcp' "$ctl/postrm"

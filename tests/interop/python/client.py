@@ -45,6 +45,26 @@ stderr (and kept, to look for the server's own log lines), and the JSON-RPC
 messages the SDK writes and reads are recorded (to see the SDK's
 `notifications/cancelled` and `progressToken`). Neither changes a byte.
 
+Over Streamable HTTP (tests/tests/http_interop.rs runs `snowluma-mcp
+serve-http` itself, in the same mode, with the same endpoint and stream
+directory):
+
+    client.py --http http://127.0.0.1:PORT/mcp [--http-token-file FILE]
+    client.py --http http://localhost/mcp --http-unix-socket /abs/path.sock
+
+(the second for `serve-http --listen /abs/path.sock`: the URL's path and Host
+header, the connection to the socket). For an https:// URL whose certificate
+a test CA signed, $SNOWLUMA_TEST_HTTP_CA_FILE names that CA (PEM).
+
+The token file (`ID:TOKEN` lines, `#` comments; the entry
+$SNOWLUMA_TEST_HTTP_TOKEN_ID or the first) comes from --http-token-file or
+$SNOWLUMA_TEST_HTTP_TOKEN_FILE, never the token itself from the command line.
+Both sessions then use the SDK's `streamable_http_client` with an httpx2
+client carrying `Authorization: Bearer <token>`, and run the same checks;
+what only a spawned server allows is left to the harness (the server's log
+line of the cancelled call; the server's exit), and the close check instead
+requires the legacy session's DELETE to be accepted (200/204/405).
+
 Output: one `ok <check>` or `FAIL <check>: <reason>` line per check, then
 `python <mode>: N checks passed, M failed`. Exit status 0 iff every check
 passed. An overall deadline (90 s) and per-request timeouts bound the run.
@@ -70,6 +90,7 @@ from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.client import ClientRequestContext
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ResourceUpdated
 from mcp.shared.exceptions import MCPError
 from mcp.types import ElicitRequestFormParams, ElicitRequestParams, ElicitResult, ResourceUpdatedNotification
@@ -276,6 +297,95 @@ class _ReceiveTap:
         return await self._inner.__aexit__(*exc)
 
 
+class HttpTarget:
+    """`--http URL` and its bearer token (see the module docstring)."""
+
+    def __init__(self, url: str, token: str, unix_socket: str | None = None) -> None:
+        self.url = url
+        self.token = token
+        self.unix_socket = unix_socket
+        self.responses: list[tuple[str, int]] = []  # (method, status) of every HTTP response
+
+
+def read_bearer_token(path: str, entry: str | None) -> str:
+    """The token of a serve-http token file: of the entry `entry`, or of the first."""
+    with open(path, encoding="utf-8") as f:
+        for raw in f:
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            ident, sep, token = line.partition(":")
+            if not sep or not ident:
+                raise CheckFailed(f"{path}: a line is not ID:TOKEN")
+            if entry and ident != entry:
+                continue
+            return token
+    raise CheckFailed(f"{path}: no entry {entry!r}" if entry else f"{path}: no ID:TOKEN entry")
+
+
+def http_target(argv: list[str]) -> HttpTarget | None:
+    """The --http mode's target, or None over stdio. Raises CheckFailed when incomplete."""
+    url = None
+    unix_socket = None
+    token_file = os.environ.get("SNOWLUMA_TEST_HTTP_TOKEN_FILE") or None
+    it = iter(argv)
+    for arg in it:
+        if arg == "--http":
+            url = next(it, "")
+        elif arg.startswith("--http="):
+            url = arg.partition("=")[2]
+        elif arg == "--http-token-file":
+            token_file = next(it, None)
+        elif arg.startswith("--http-token-file="):
+            token_file = arg.partition("=")[2]
+        elif arg == "--http-unix-socket":
+            unix_socket = next(it, None)
+        elif arg.startswith("--http-unix-socket="):
+            unix_socket = arg.partition("=")[2]
+        else:
+            raise CheckFailed(f"unknown argument {arg!r}")
+    if url is None:
+        return None
+    if not url:
+        raise CheckFailed("--http needs the server URL (http://HOST:PORT/mcp)")
+    if not token_file:
+        raise CheckFailed("--http needs a token file: --http-token-file FILE or SNOWLUMA_TEST_HTTP_TOKEN_FILE")
+    if unix_socket is not None and not os.path.isabs(unix_socket):
+        raise CheckFailed(f"--http-unix-socket needs an absolute path, got {unix_socket!r}")
+    token = read_bearer_token(token_file, os.environ.get("SNOWLUMA_TEST_HTTP_TOKEN_ID") or None)
+    return HttpTarget(url, token, unix_socket)
+
+
+@asynccontextmanager
+async def tapped_http(target: HttpTarget, sent: list, received: list):
+    """The SDK's Streamable HTTP client with the bearer header, tapped like tapped_stdio."""
+    import httpx2
+
+    async def on_response(response: Any) -> None:
+        target.responses.append((response.request.method, response.status_code))
+
+    # A test CA for https:// (serve-http --tls-cert): trusted instead of the system roots.
+    ca_file = os.environ.get("SNOWLUMA_TEST_HTTP_CA_FILE")
+    verify: Any = True
+    if ca_file:
+        import ssl
+
+        verify = ssl.create_default_context(cafile=ca_file)
+    # Over a Unix socket (serve-http --listen /abs/path.sock): httpx2's own
+    # transport option; the URL still gives the path and the Host header.
+    transport = httpx2.AsyncHTTPTransport(uds=target.unix_socket, verify=verify) if target.unix_socket else None
+    client = httpx2.AsyncClient(
+        transport=transport,
+        verify=verify,
+        headers={"Authorization": f"Bearer {target.token}"},
+        timeout=httpx2.Timeout(30.0, read=300.0),  # the SDK's defaults (create_mcp_http_client)
+        event_hooks={"response": [on_response]},
+    )
+    async with client:
+        async with streamable_http_client(target.url, http_client=client) as (read_stream, write_stream):
+            yield _ReceiveTap(read_stream, received), _SendTap(write_stream, sent)
+
+
 @asynccontextmanager
 async def tapped_stdio(params: StdioServerParameters, errlog: Any, sent: list, received: list):
     async with stdio_client(params, errlog=errlog) as (read_stream, write_stream):
@@ -285,8 +395,12 @@ async def tapped_stdio(params: StdioServerParameters, errlog: Any, sent: list, r
 class Run:
     """One connection (one spawned server) in one connection style."""
 
-    def __init__(self, report: Report, mode: str, era: str, env: dict[str, str], stream_dir: str | None) -> None:
+    def __init__(
+        self, report: Report, mode: str, era: str, env: dict[str, str], stream_dir: str | None, http: HttpTarget | None = None
+    ) -> None:
         self.report = report
+        self.http = http
+        self.http_mark = 0
         self.mode = mode
         self.era = era
         self.env = env
@@ -590,9 +704,9 @@ class Run:
         return f"{len(data)} bytes, sha256 ok, {len(progress)} progress notifications (last {progress[-1][0]:g}/{progress[-1][1]})"
 
     async def c_cancel(self) -> str:
-        assert self.client is not None and self.tap is not None
+        assert self.client is not None and (self.tap is not None or self.http is not None)
         sent_mark = len(self.sent)
-        log_mark = self.tap.mark()
+        log_mark = self.tap.mark() if self.tap is not None else 0
         done: dict[str, Any] = {}
         scope_box: list[anyio.CancelScope] = []
 
@@ -634,6 +748,12 @@ class Run:
         ]
         expect(cancels, f"the SDK wrote no notifications/cancelled for request {request_id!r}")
 
+        late = [m for m in self.received if m.get("id") == request_id and ("result" in m or "error" in m)]
+        note = f"; the server still answered the cancelled request ({short(late[0], 120)})" if late else ""
+        if self.http is not None:
+            # The server's log is the harness's (http_interop.rs), not ours.
+            return f"cancelled after {elapsed * 1000:.0f} ms; SDK sent notifications/cancelled for id {request_id}{note}"
+
         # Server side: it logs one line per finished call; a cancelled call ends with failure="cancelled".
         deadline = time.monotonic() + SERVER_LOG_WAIT_S
         line = None
@@ -645,8 +765,6 @@ class Run:
             else:
                 await anyio.sleep(0.05)
         expect(line is not None, f"the server logged no cancelled query_action within {SERVER_LOG_WAIT_S:g} s of notifications/cancelled")
-        late = [m for m in self.received if m.get("id") == request_id and ("result" in m or "error" in m)]
-        note = f"; the server still answered the cancelled request ({short(late[0], 120)})" if late else ""
         return f"cancelled after {elapsed * 1000:.0f} ms; SDK sent notifications/cancelled for id {request_id}; server logged the call as cancelled{note}"
 
     async def c_after_cancel(self) -> str:
@@ -794,12 +912,17 @@ class Run:
     # ---- the sequence --------------------------------------------------------
 
     async def run(self) -> None:
-        params = StdioServerParameters(
-            command=self.env["__bin"], env={k: v for k, v in self.env.items() if not k.startswith("__")}
-        )
-        self.tap = StderrTap()
+        if self.http is not None:
+            self.http_mark = len(self.http.responses)  # this session's responses start here
+            transport = tapped_http(self.http, self.sent, self.received)
+        else:
+            params = StdioServerParameters(
+                command=self.env["__bin"], env={k: v for k, v in self.env.items() if not k.startswith("__")}
+            )
+            self.tap = StderrTap()
+            transport = tapped_stdio(params, self.tap.writer, self.sent, self.received)
         client = Client(
-            tapped_stdio(params, self.tap.writer, self.sent, self.received),
+            transport,
             mode=self.era,
             read_timeout_seconds=REQUEST_TIMEOUT_S,
             elicitation_callback=self.on_elicit,
@@ -818,7 +941,8 @@ class Run:
                 return
             finally:
                 # The child holds its own copy now; ours would keep the pipe open forever.
-                self.tap.close_writer()
+                if self.tap is not None:
+                    self.tap.close_writer()
             self.client = client
             await self.check("initialize" if self.era == "legacy" else "connect", self.c_connected)
 
@@ -862,14 +986,34 @@ class Run:
                 try:
                     await client.__aexit__(None, None, None)
                 except Exception as e:
-                    self.report.fail(self.name("close"), describe(e))
+                    extra = ""
+                    if self.http is not None:
+                        refused = [r for r in self.http.responses[self.http_mark :] if r[1] >= 400]
+                        extra = f" (HTTP responses >= 400 in this session: {refused})" if refused else ""
+                    self.report.fail(self.name("close"), describe(e) + extra)
+                    traceback.print_exc(file=sys.stderr)
                     closing_started = None
                 took = time.monotonic() - started
                 if closing_started is not None:
                     await self._check_close(took)
 
     async def _check_close(self, took: float) -> None:
-        """The server must exit by itself once its stdin closes, leaving nothing behind."""
+        """The server must exit by itself once its stdin closes, leaving nothing behind.
+        Over HTTP: a legacy session must have been ended by an accepted DELETE."""
+        if self.http is not None:
+            mine = self.http.responses[self.http_mark :]
+            deletes = [status for method, status in mine if method == "DELETE"]
+            denied = [(m, st) for m, st in mine if st in (401, 403)]
+            if denied:
+                self.report.fail(self.name("close"), f"the server refused requests: {denied[:3]}")
+            elif self.era == "legacy" and not deletes:
+                self.report.fail(self.name("close"), "the legacy session was not ended with DELETE (no Mcp-Session-Id?)")
+            elif any(status not in (200, 202, 204, 405) for status in deletes):
+                self.report.fail(self.name("close"), f"DELETE answered {deletes}")
+            else:
+                how = f"DELETE answered {deletes[0]}" if deletes else "no session to end"
+                self.report.ok(self.name("close"), f"{how}; closed in {took * 1000:.0f} ms")
+            return
         assert self.tap is not None
         gone = await anyio.to_thread.run_sync(self.tap.wait_eof, 3.0)
         problems = []
@@ -886,9 +1030,9 @@ class Run:
             self.report.ok(self.name("close"), f"server exited on stdin EOF in {took * 1000:.0f} ms")
 
 
-def build_env(mode: str) -> tuple[dict[str, str], str | None]:
-    binary = os.environ.get("SNOWLUMA_MCP_BIN")
-    if not binary:
+def build_env(mode: str, http: bool = False) -> tuple[dict[str, str], str | None]:
+    binary = os.environ.get("SNOWLUMA_MCP_BIN", "")
+    if not binary and not http:
         raise CheckFailed("SNOWLUMA_MCP_BIN is not set")
     # Exactly these; the SDK adds its default inherited set (HOME, LOGNAME,
     # PATH, SHELL, TERM, USER when present), as it does for every server.
@@ -916,14 +1060,15 @@ def build_env(mode: str) -> tuple[dict[str, str], str | None]:
 
 async def main_async(report: Report, mode: str) -> None:
     try:
-        env, stream_dir = build_env(mode)
-    except CheckFailed as e:
+        http = http_target(sys.argv[1:])
+        env, stream_dir = build_env(mode, http is not None)
+    except (CheckFailed, OSError) as e:
         report.fail("setup", str(e))
         return
     try:
         with anyio.fail_after(ASYNC_DEADLINE_S):
             for era in ("legacy", "auto"):
-                await Run(report, mode, era, env, stream_dir).run()
+                await Run(report, mode, era, env, stream_dir, http).run()
     except TimeoutError:
         report.fail("deadline", f"the run did not finish within {ASYNC_DEADLINE_S:g} s")
 
