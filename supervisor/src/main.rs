@@ -9,6 +9,7 @@ mod endpoint;
 mod events;
 mod gates;
 mod policy;
+mod preview;
 mod progress;
 mod runtime;
 mod secret;
