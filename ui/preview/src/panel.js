@@ -134,6 +134,7 @@ async function send(app) {
     cls = "error";
   }
   phase = "done";
+  show("status", cls === "ok" ? "Sent once; see the outcome below." : "Send attempted once; see the outcome below.");
   show("outcome", text, cls);
   render();
 }
