@@ -33,7 +33,8 @@ fn ui_resources(list: &Value) -> Vec<Value> {
 fn the_same_draft_in_every_mode_and_nothing_is_sent() {
     let fake = Fake::start(None);
     let url = fake.fake.url();
-    let cases: [(&[(&str, &str)], bool, &str); 4] = [
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Env, bool, &str); 4] = [
         (&[], false, "sending needs write mode; this server runs in docs mode"),
         (&[("SNOWLUMA_MCP_MODE", "read"), ("SNOWLUMA_MCP_ENDPOINT", &url)], false, "read mode"),
         (&[("SNOWLUMA_MCP_MODE", "write"), ("SNOWLUMA_MCP_ENDPOINT", &url)], true, ""),
