@@ -16,7 +16,7 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { CallToolResultSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
-import { Checks, REQUEST_TIMEOUT_MS, childExit, errorText, installGuards, readConfig, runScenario, serverEnv, withTimeout } from './common.mjs';
+import { Checks, REQUEST_TIMEOUT_MS, childExit, errorText, installGuards, readConfig, runPreviewUiSession, runScenario, serverEnv, UI_CAPABILITIES, withTimeout } from './common.mjs';
 
 const checks = new Checks('ts-sdk-v1', process.env.INTEROP_MODE ?? '?');
 let transport;
@@ -82,4 +82,25 @@ await runScenario(checks, cfg, {
 });
 // After a failed run the server may still be up: stop it (a no-op after close).
 await withTimeout(transport.close(), 5_000, 'transport close').catch(() => {});
+// A second session whose client declares the MCP Apps extension: the
+// preview tool links its panel and the ui:// resource is listed and read
+// (common.mjs runPreviewUiSession).
+const uiClient = new Client({ name: 'snowluma-interop-ts-sdk-v1-ui', version: '1.0.0' }, { capabilities: UI_CAPABILITIES });
+const uiTransport = new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
+let uiExited;
+await runPreviewUiSession(checks, cfg, {
+    connect: async () => {
+        await uiClient.connect(uiTransport, opts());
+        uiExited = childExit(uiTransport._process);
+    },
+    listTools: () => uiClient.listTools({}, opts()),
+    callTool: (name, args) => uiClient.callTool({ name, arguments: args }, CallToolResultSchema, opts()),
+    listResources: () => uiClient.listResources({}, opts()),
+    readResource: (uri) => uiClient.readResource({ uri }, opts()),
+    close: async () => {
+        await uiClient.close();
+        return uiExited;
+    },
+});
+await withTimeout(uiTransport.close(), 5_000, 'transport close').catch(() => {});
 checks.finish();

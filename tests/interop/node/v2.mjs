@@ -34,7 +34,7 @@
 import { Client } from '@modelcontextprotocol/client';
 import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
 import {
-    Checks, REQUEST_TIMEOUT_MS, childExit, errorText, inputCompletionHandler, installGuards, readConfig, runScenario, serverEnv,
+    Checks, REQUEST_TIMEOUT_MS, childExit, errorText, inputCompletionHandler, installGuards, readConfig, runPreviewUiSession, runScenario, serverEnv, UI_CAPABILITIES,
     withTimeout,
 } from './common.mjs';
 
@@ -114,4 +114,28 @@ await runScenario(checks, cfg, {
 }, { expectProtocol: PROTOCOL, inputCompletion: true });
 // After a failed run the server may still be up: stop it (a no-op after close).
 await withTimeout(transport.close(), 5_000, 'transport close').catch(() => {});
+// A second session whose client declares the MCP Apps extension: the
+// preview tool links its panel and the ui:// resource is listed and read
+// (common.mjs runPreviewUiSession).
+const uiClient = new Client(
+    { name: 'snowluma-interop-ts-sdk-v2-ui', version: '1.0.0' },
+    { capabilities: UI_CAPABILITIES, versionNegotiation: { mode: { pin: PROTOCOL }, probe: { timeoutMs: REQUEST_TIMEOUT_MS } } },
+);
+const uiTransport = new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
+let uiExited;
+await runPreviewUiSession(checks, cfg, {
+    connect: async () => {
+        await uiClient.connect(uiTransport, opts());
+        uiExited = childExit(uiTransport._process);
+    },
+    listTools: () => uiClient.listTools(undefined, opts()),
+    callTool: (name, args) => uiClient.callTool({ name, arguments: args }, opts()),
+    listResources: () => uiClient.listResources(undefined, opts()),
+    readResource: (uri) => uiClient.readResource({ uri }, opts()),
+    close: async () => {
+        await uiClient.close();
+        return uiExited;
+    },
+});
+await withTimeout(uiTransport.close(), 5_000, 'transport close').catch(() => {});
 checks.finish();
