@@ -703,6 +703,11 @@ async fn run(
             }
         });
     }
+    // A damaged panel is a packaging error, said at startup; its resource
+    // read fails with the same message (nothing serves an empty panel).
+    if let Err(e) = preview::panel() {
+        tracing::error!(error = %e, "the message preview panel cannot be served");
+    }
     let server = SnowlumaServer::new(
         config,
         Workers { catalog, network },
