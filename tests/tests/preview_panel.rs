@@ -5,7 +5,8 @@
 //! official AppBridge, with drafts and tools/call going through real
 //! snowluma-mcp sessions against the fake SnowLuma started here. See that
 //! file for the scenarios: hostile text stays literal and nothing is
-//! fetched, disabled states (read mode, a host without server tools), one
+//! fetched (even requests that script inside the panel makes are refused by
+//! its policy; a control shows the network log sees a fetch), disabled states (read mode, a host without server tools), one
 //! click and a double click each send once, error and unknown outcomes are
 //! shown and not retried; a screenshot goes to
 //! `target/test-artifacts/preview-panel.png`.
@@ -52,7 +53,7 @@ fn the_panel_in_headless_chromium() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the browser test failed ({}):\n{stdout}\n--- stderr ---\n{stderr}", out.status);
-    assert!(stdout.contains("pass 7") && stdout.contains("fail 0"), "not every scenario ran:\n{stdout}");
+    assert!(stdout.contains("pass 8") && stdout.contains("fail 0"), "not every scenario ran:\n{stdout}");
     for bad in ["fatal runtime error", "panicked"] {
         assert!(!stderr.contains(bad), "the server's stderr has {bad:?}:\n{stderr}");
     }

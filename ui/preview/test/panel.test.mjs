@@ -115,9 +115,13 @@ after(async () => {
 // panel's tools/call; every call is recorded first.
 async function openPanel({ html, toolInput, toolResult, serverTools, onCall }) {
   const context = await browser.newContext({ viewport: { width: 700, height: 680 } });
+  // Every request any frame starts, and the error of each that failed.
   const network = [];
+  const failed = new Map();
   context.on("request", (r) => network.push(r.url()));
-  // Anything that got past the policy would be recorded and refused here.
+  context.on("requestfailed", (r) => failed.set(r.url(), r.failure()?.errorText ?? "?"));
+  // Anything that got past the browser's own checks would be recorded and
+  // refused here, before it reached the network.
   await context.route("**/*", (route) => {
     network.push("routed " + route.request().url());
     return route.abort();
@@ -136,7 +140,7 @@ async function openPanel({ html, toolInput, toolResult, serverTools, onCall }) {
   await page.evaluate((opts) => window.startHost(opts), { html, toolInput, toolResult, serverTools });
   const frame = page.frameLocator("#panel");
   await frame.locator("#status").filter({ hasText: /Draft ready|No draft/ }).waitFor({ timeout: TIMEOUT });
-  return { context, page, frame, calls, network, consoleErrors };
+  return { context, page, frame, calls, network, failed, consoleErrors };
 }
 
 async function panelHtml(client) {
@@ -214,9 +218,49 @@ test("hostile text stays literal and nothing is fetched; one click sends once", 
   );
   assert.deepEqual(await page.evaluate(() => window.__pwned), [], "no injected markup ran");
   assert.deepEqual(p.network, [], "the page fetched nothing");
+  // The document's policy holds even against script running in the panel:
+  // an image, a fetch and a stylesheet it creates are refused before any
+  // request exists.
+  const panelFrame = page.frames().find((f) => f !== page.mainFrame());
+  const violations = await panelFrame.evaluate(async () => {
+    const seen = [];
+    document.addEventListener("securitypolicyviolation", (e) => seen.push(e.violatedDirective));
+    const img = document.createElement("img");
+    img.src = "http://127.0.0.1:9/probe.png";
+    document.body.append(img);
+    const link = document.createElement("link");
+    link.rel = "stylesheet";
+    link.href = "http://127.0.0.1:9/probe.css";
+    document.head.append(link);
+    await fetch("http://127.0.0.1:9/probe").catch(() => {});
+    await new Promise((r) => setTimeout(r, 200));
+    img.remove();
+    link.remove();
+    return seen.sort();
+  });
+  assert.deepEqual(violations, ["connect-src", "img-src", "style-src-elem"], "the policy refused all three");
+  // Chromium reports the refused image and stylesheet as requests that
+  // failed with the error "csp"; none was routed, i.e. none left the page.
+  assert.ok(!p.network.some((u) => u.startsWith("routed ")), `something was routed: ${p.network}`);
+  for (const url of p.network) assert.equal(p.failed.get(url), "csp", url);
   const dir = process.env.PREVIEW_ARTIFACTS || join(here, "../../../target/test-artifacts");
   mkdirSync(dir, { recursive: true });
   await page.locator("#panel").screenshot({ path: join(dir, "preview-panel.png") });
+  await p.context.close();
+});
+
+test("control: the network log sees what the host page itself fetches", async () => {
+  const { client } = sessions.read;
+  const toolInput = { message_type: "private", target_id: 30001, text: "hello" };
+  const p = await openPanel({
+    html: await panelHtml(client),
+    toolInput,
+    toolResult: await preview(client, toolInput),
+    serverTools: true,
+    onCall: () => assert.fail("no call expected"),
+  });
+  await p.page.evaluate(() => fetch("http://127.0.0.1:9/control").catch(() => {}));
+  assert.deepEqual(p.network, ["http://127.0.0.1:9/control", "routed http://127.0.0.1:9/control"]);
   await p.context.close();
 });
 
