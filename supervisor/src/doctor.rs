@@ -11,7 +11,8 @@
 //! file-transfer worker reading its upload root and writing its download
 //! directory) must succeed, so a probe cannot pass merely because the test
 //! setup is broken. Exit status 1 if any forbidden operation succeeded or a
-//! control failed, 0 otherwise. Human-readable by default; `--json` prints
+//! control failed, or the compiled-in preview panel fails its seal check
+//! (`preview::panel`, a packaging error), 0 otherwise. Human-readable by default; `--json` prints
 //! one JSON document. Doctor is not an MCP session, so stdout is its own.
 
 use std::io::Write;
@@ -391,9 +392,16 @@ pub fn run(as_json: bool) -> ExitCode {
         }
         roles_out.push(json!({"role": role, "confinement": report, "probes": probes}));
     }
+    // The compiled-in preview panel (a packaging check, not a probe).
+    let panel = match crate::preview::panel() {
+        Ok(text) => json!({"ok": true, "bytes": text.len()}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
+    };
+    ok &= panel["ok"] == json!(true);
     let doc = json!({
         "kernel": {"landlock_abi": support.landlock_abi, "pinned_abi": PINNED_ABI_NUMBER, "seccomp": support.seccomp},
         "roles": roles_out,
+        "packaging": {"preview_panel": panel},
         "ok": ok,
     });
     let mut out = std::io::stdout().lock();
@@ -434,10 +442,16 @@ fn human(doc: &Value) -> String {
             ));
         }
     }
+    let panel = &doc["packaging"]["preview_panel"];
+    if panel["ok"].as_bool() == Some(true) {
+        s.push_str(&format!("\npreview panel asset: ok ({} bytes)\n", panel["bytes"]));
+    } else {
+        s.push_str(&format!("\n[FAIL] preview panel asset: {}\n", panel["error"].as_str().unwrap_or("invalid")));
+    }
     s.push_str(if doc["ok"].as_bool() == Some(true) {
         "\nall escape probes were blocked\n"
     } else {
-        "\nCONFINEMENT FAILURE: see FAIL lines above\n"
+        "\nCONFINEMENT OR PACKAGING FAILURE: see FAIL lines above\n"
     });
     s
 }

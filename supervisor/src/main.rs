@@ -10,6 +10,7 @@ mod events;
 mod gates;
 mod http;
 mod policy;
+mod preview;
 mod progress;
 mod runtime;
 mod secret;
@@ -714,6 +715,11 @@ async fn run(
                 tracing::warn!(error = %e, "the task store cannot be used");
             }
         });
+    }
+    // A damaged panel is a packaging error, said at startup; its resource
+    // read fails with the same message (nothing serves an empty panel).
+    if let Err(e) = preview::panel() {
+        tracing::error!(error = %e, "the message preview panel cannot be served");
     }
     let server = SnowlumaServer::new(
         config,

@@ -764,6 +764,23 @@ impl SnowlumaServer {
         }
     }
 
+    /// `preview_message`: a draft and whether this server would send it.
+    /// Contacts nothing (no worker, no network, no audit record).
+    fn preview(&self, args: &Value) -> ToolReply {
+        let draft = match crate::preview::parse(args) {
+            Ok(d) => d,
+            Err(reply) => return reply,
+        };
+        let blocked = crate::preview::send_blocked_by(
+            self.config.mode,
+            self.workers.network.is_some(),
+            &self.policy,
+            self.catalog,
+            draft.action(),
+        );
+        ToolReply::ok(&crate::preview::result(&draft, blocked))
+    }
+
     async fn runtime_info(&self, args: Value, cancel: &CancellationToken, trace: &CallTrace) -> ToolReply {
         crate::runtime::runtime_info(self, args, cancel, trace).await
     }
@@ -839,7 +856,7 @@ impl ServerHandler for SnowlumaServer {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut listed = tools::listed(self.config.mode, self.events.is_some());
+        let mut listed = tools::listed(self.config.mode, self.events.is_some(), crate::preview::ui_declared(&ctx));
         if self.tasks.is_some() && crate::tasks::declared(&ctx) {
             listed.extend(tools::TASK_TOOLS.iter().copied().map(tools::definition));
         }
@@ -862,7 +879,7 @@ impl ServerHandler for SnowlumaServer {
             return Err(McpError::invalid_params(
                 format!("unknown tool {}", snowluma_catalog::echo(&request.name)),
                 Some(
-                    json!({"tools": tools::listed(self.config.mode, self.events.is_some()).iter().map(|t| t.name.clone()).collect::<Vec<_>>()}),
+                    json!({"tools": tools::listed(self.config.mode, self.events.is_some(), false).iter().map(|t| t.name.clone()).collect::<Vec<_>>()}),
                 ),
             ));
         };
@@ -933,6 +950,7 @@ impl ServerHandler for SnowlumaServer {
                     ToolReply::fail(FailureKind::Execution, "background tasks need write mode".to_owned())
                 }
                 Handler::ListTasks => self.list_tasks(args).await,
+                Handler::Preview => self.preview(&args),
             }
         };
         // One diagnostic line per call: never arguments, contents, tokens or paths.
@@ -995,6 +1013,13 @@ impl ServerHandler for SnowlumaServer {
             .with_description("The bundled SnowLuma OneBot v11 action catalog: every action with parameters, result schema and examples.")
             .with_mime_type("application/json");
         let mut all = vec![res];
+        if crate::preview::ui_declared(&ctx) {
+            all.push(
+                Resource::new(crate::preview::UI_URI, "preview-message-panel")
+                    .with_description("The message preview panel of preview_message (MCP Apps): shows a draft and sends it through invoke_action only when the user clicks.")
+                    .with_mime_type(crate::preview::UI_MIME),
+            );
+        }
         if let Some(hub) = &self.events {
             for (uri, self_id) in hub.list() {
                 all.push(
@@ -1036,6 +1061,27 @@ impl ServerHandler for SnowlumaServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let uri = request.uri;
+        if uri == crate::preview::UI_URI && crate::preview::ui_declared(&ctx) {
+            return match crate::preview::panel() {
+                Ok(text) => {
+                    let contents = ResourceContents::TextResourceContents {
+                        uri,
+                        mime_type: Some(crate::preview::UI_MIME.into()),
+                        text: text.to_owned(),
+                        meta: Some(crate::preview::resource_meta()),
+                    };
+                    let mut out = ReadResourceResult::new(vec![contents]);
+                    if is_modern(&ctx) {
+                        out = out.with_ttl_ms(CACHE_TTL_MS).with_cache_scope(CacheScope::Public);
+                    }
+                    Ok(out.into())
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the preview panel cannot be served");
+                    Err(McpError::internal_error(e.to_string(), Some(json!({"uri": crate::preview::UI_URI}))))
+                }
+            };
+        }
         if let Some(hub) = self.events.as_ref().filter(|_| EventHub::is_event_uri(&uri)) {
             return match hub.read(&uri) {
                 Ok(text) => {

@@ -42,6 +42,8 @@ pub enum Handler {
     Background,
     /// `list_tasks`: task metadata from the task store.
     ListTasks,
+    /// `preview_message`: a draft built by the supervisor; contacts nothing.
+    Preview,
 }
 
 /// The modes in which a tool is listed and callable.
@@ -200,8 +202,18 @@ pub const UNSUBSCRIBE_EVENTS: ToolSpec = ToolSpec {
     handler: Handler::UnsubscribeEvents,
 };
 
+pub const PREVIEW_MESSAGE: ToolSpec = ToolSpec {
+    name: "preview_message",
+    description: "Build a draft of a text message (group or private, optionally quoting a message) without sending anything or contacting SnowLuma, in every mode. Returns a readable draft, can_send (write mode, an endpoint and the send action allowed by policy) and the exact invoke_action arguments that would send it; the text stays literal (CQ codes are not interpreted). Hosts with MCP Apps show it in a panel with a send button.",
+    modes: Modes::ALL,
+    input_schema: crate::preview::input_schema,
+    result_schema: crate::preview::result_schema,
+    hints: Hints { read_only: true, destructive: false, open_world: false },
+    handler: Handler::Preview,
+};
+
 /// Every tool, in the order tools/list gives them.
-pub const TOOLS: [ToolSpec; 11] = [
+pub const TOOLS: [ToolSpec; 12] = [
     LIST_ACTIONS,
     GET_ACTION,
     SEARCH_ACTIONS,
@@ -211,6 +223,7 @@ pub const TOOLS: [ToolSpec; 11] = [
     GET_RUNTIME_INFO,
     QUERY_ACTION_WITH_INPUT,
     INVOKE_ACTION_WITH_INPUT,
+    PREVIEW_MESSAGE,
     SUBSCRIBE_EVENTS,
     UNSUBSCRIBE_EVENTS,
 ];
@@ -433,14 +446,25 @@ pub fn definition(spec: ToolSpec) -> Tool {
         .with_annotations(annotations(spec.hints))
 }
 
+/// The definition of `spec` for a client that declared the MCP Apps
+/// extension: `preview_message` links its panel.
+pub fn definition_with_ui(spec: ToolSpec) -> Tool {
+    let mut tool = definition(spec);
+    if spec.handler == Handler::Preview {
+        tool.meta = Some(crate::preview::tool_meta());
+    }
+    tool
+}
+
 /// The tools listed in `mode`, in their fixed order; the event tools only
-/// when `events` (event resources are configured).
-pub fn listed(mode: Mode, events: bool) -> Vec<Tool> {
+/// when `events` (event resources are configured); UI metadata only when
+/// `ui` (the request's client declared the MCP Apps extension).
+pub fn listed(mode: Mode, events: bool, ui: bool) -> Vec<Tool> {
     TOOLS
         .iter()
         .copied()
         .filter(|t| t.modes.contains(mode) && (events || !t.handler.needs_events()))
-        .map(definition)
+        .map(if ui { definition_with_ui } else { definition })
         .collect()
 }
 
@@ -462,10 +486,12 @@ mod tests {
     #[ignore]
     fn write_golden_tool_lists() {
         for (mode, name) in [(Mode::Docs, "docs"), (Mode::Read, "read"), (Mode::Write, "write")] {
-            let text = serde_json::to_string_pretty(&listed(mode, false)).unwrap() + "\n";
+            let text = serde_json::to_string_pretty(&listed(mode, false, false)).unwrap() + "\n";
             let path = format!("{}/testdata/tools-list-{name}.json", env!("CARGO_MANIFEST_DIR"));
             std::fs::write(path, text).unwrap();
         }
+        let text = serde_json::to_string_pretty(&listed(Mode::Write, false, true)).unwrap() + "\n";
+        std::fs::write(format!("{}/testdata/tools-list-write-ui.json", env!("CARGO_MANIFEST_DIR")), text).unwrap();
     }
 
     /// tools/list is byte for byte what the golden files say (captured from
@@ -473,8 +499,33 @@ mod tests {
     #[test]
     fn tool_lists_are_unchanged() {
         for (mode, expected) in MODES {
-            let got = serde_json::to_string_pretty(&listed(mode, false)).unwrap() + "\n";
+            let got = serde_json::to_string_pretty(&listed(mode, false, false)).unwrap() + "\n";
             assert_eq!(got, expected, "tools/list in {} mode", mode.as_str());
+        }
+        let got = serde_json::to_string_pretty(&listed(Mode::Write, false, true)).unwrap() + "\n";
+        assert_eq!(got, include_str!("../testdata/tools-list-write-ui.json"), "tools/list for a UI client");
+    }
+
+    /// A client that declared the MCP Apps extension gets the same tools;
+    /// only preview_message differs, by its `_meta.ui.resourceUri`.
+    #[test]
+    fn only_preview_message_carries_ui_metadata() {
+        for (mode, _) in MODES {
+            let plain = listed(mode, true, false);
+            let ui = listed(mode, true, true);
+            assert_eq!(plain.len(), ui.len());
+            for (p, u) in plain.iter().zip(&ui) {
+                assert!(p.meta.is_none(), "{}", p.name);
+                if p.name == PREVIEW_MESSAGE.name {
+                    let meta = serde_json::to_value(&u.meta).unwrap();
+                    assert_eq!(meta, json!({"ui": {"resourceUri": crate::preview::UI_URI}}));
+                    let mut stripped = u.clone();
+                    stripped.meta = None;
+                    assert_eq!(serde_json::to_value(&stripped).unwrap(), serde_json::to_value(p).unwrap());
+                } else {
+                    assert_eq!(serde_json::to_value(u).unwrap(), serde_json::to_value(p).unwrap());
+                }
+            }
         }
     }
 
@@ -489,7 +540,12 @@ mod tests {
                 want.push(serde_json::to_value(definition(SUBSCRIBE_EVENTS)).unwrap());
                 want.push(serde_json::to_value(definition(UNSUBSCRIBE_EVENTS)).unwrap());
             }
-            assert_eq!(serde_json::to_value(listed(mode, true)).unwrap(), Value::Array(want), "{}", mode.as_str());
+            assert_eq!(
+                serde_json::to_value(listed(mode, true, false)).unwrap(),
+                Value::Array(want),
+                "{}",
+                mode.as_str()
+            );
         }
     }
 
@@ -504,7 +560,7 @@ mod tests {
         assert_eq!(descriptions.len(), TOOLS.len(), "two tools share a description");
         let mut advertised = HashSet::new();
         for (mode, _) in MODES {
-            for tool in listed(mode, true) {
+            for tool in listed(mode, true, false) {
                 let entries: Vec<_> = TOOLS.iter().filter(|t| t.name == tool.name).collect();
                 assert_eq!(entries.len(), 1, "{}", tool.name);
                 assert!(entries[0].modes.contains(mode));
@@ -537,7 +593,7 @@ mod tests {
     fn modes_match_the_handlers() {
         for t in TOOLS.iter().chain(TASK_TOOLS.iter()) {
             let expected = match t.handler {
-                Handler::Doc | Handler::RuntimeInfo => Modes::ALL,
+                Handler::Doc | Handler::RuntimeInfo | Handler::Preview => Modes::ALL,
                 Handler::Query | Handler::QueryWithInput | Handler::SubscribeEvents | Handler::UnsubscribeEvents => {
                     Modes::READ_WRITE
                 }

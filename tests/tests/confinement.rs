@@ -59,11 +59,14 @@ fn doctor_blocks_every_escape_probe_for_every_role() {
             assert!(names.contains(&must), "{} lacks the {must} probe", r["role"]);
         }
     }
+    // The compiled-in preview panel passes its packaging check.
+    assert_eq!(doc["packaging"]["preview_panel"]["ok"], true, "{doc:#}");
     // The human form says the same thing.
     let out = Command::new(bin_path()).arg("doctor").env_clear().bounded_output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("all escape probes were blocked"), "{text}");
+    assert!(text.contains("preview panel asset: ok"), "{text}");
     assert!(!text.contains("FAIL"), "{text}");
 }
 

@@ -15,7 +15,8 @@ use snowluma_fake::Fault;
 const QUERY: &str = "query_action_with_input";
 const INVOKE: &str = "invoke_action_with_input";
 /// The tools of each mode before input completion, in their listed order.
-const DOCS_TOOLS: [&str; 5] = ["list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info"];
+const DOCS_TOOLS: [&str; 6] =
+    ["list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info", "preview_message"];
 
 /// The spec's example: `message` is missing.
 fn send_args() -> Value {
@@ -168,8 +169,10 @@ fn names_original_tool(next_step: &str, tool: &str) -> bool {
 #[test]
 fn the_new_tools_are_listed_after_the_existing_ones() {
     let fake = Fake::start(Some("t0k"));
-    let read = [&DOCS_TOOLS[..4], &["query_action", "get_runtime_info", QUERY]].concat();
-    let write = [&DOCS_TOOLS[..4], &["query_action", "invoke_action", "get_runtime_info", QUERY, INVOKE]].concat();
+    let read = [&DOCS_TOOLS[..4], &["query_action", "get_runtime_info", QUERY, "preview_message"]].concat();
+    let write =
+        [&DOCS_TOOLS[..4], &["query_action", "invoke_action", "get_runtime_info", QUERY, INVOKE, "preview_message"]]
+            .concat();
     for (mode, expect) in [("docs", DOCS_TOOLS.to_vec()), ("read", read), ("write", write)] {
         let mut s = legacy(&fake, mode, "2025-11-25", json!({}));
         assert_eq!(tool_names(&s.ok("tools/list", Value::Null)), expect, "legacy, {mode} mode");

@@ -30,6 +30,15 @@
 //! `resources/unsubscribe`. The fake must see one WebSocket opened and
 //! closed per session, nothing sent on it, and no HTTP action but the
 //! scenario's own `get_status`.
+//!
+//! Message preview: every client calls `preview_message` in every mode
+//! (`can_send` only in write mode) and sees no `_meta.ui` and no `ui://`
+//! resource; then the TypeScript SDK v1 and v2 and the Python SDK (both
+//! eras) run one more session whose client declares the MCP Apps extension
+//! (`io.modelcontextprotocol/ui` with `text/html;profile=mcp-app`): the tool
+//! links the panel and the panel's resource is listed and read. None of it
+//! reaches SnowLuma (the fake's logs above count only the scenario's own
+//! actions).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -5,7 +5,8 @@
 use serde_json::{Value, json};
 use snowluma_e2e::*;
 
-const DOCS_TOOLS: [&str; 5] = ["list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info"];
+const DOCS_TOOLS: [&str; 6] =
+    ["list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info", "preview_message"];
 
 fn tool_names(list: &Value) -> Vec<String> {
     list["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_owned()).collect()
@@ -79,7 +80,11 @@ fn tool_lists_per_mode() {
     type Env<'a> = &'a [(&'a str, &'a str)];
     let cases: [(Env, Vec<&str>); 4] = [
         (&[], DOCS_TOOLS.to_vec()),
-        (&[ep], [&DOCS_TOOLS[..4], &["query_action", "get_runtime_info", "query_action_with_input"]].concat()),
+        (
+            &[ep],
+            [&DOCS_TOOLS[..4], &["query_action", "get_runtime_info", "query_action_with_input", "preview_message"]]
+                .concat(),
+        ),
         (
             &[ep, ("SNOWLUMA_MCP_MODE", "write")],
             [
@@ -90,6 +95,7 @@ fn tool_lists_per_mode() {
                     "get_runtime_info",
                     "query_action_with_input",
                     "invoke_action_with_input",
+                    "preview_message",
                 ],
             ]
             .concat(),

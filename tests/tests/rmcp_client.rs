@@ -25,7 +25,10 @@ async fn session(mode: ClientLifecycleMode) {
     let client = ().serve_with_lifecycle(transport, mode).await.unwrap();
     let tools = client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    assert_eq!(names, ["list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info"]);
+    assert_eq!(
+        names,
+        ["list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info", "preview_message"]
+    );
     let args = json!({"query": "群 禁言", "match": "keywords"});
     let r = client
         .call_tool(CallToolRequestParams::new("search_actions").with_arguments(args.as_object().unwrap().clone()))

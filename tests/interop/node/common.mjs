@@ -21,7 +21,7 @@ export const DEADLINE_MS = 90_000;
 /** Budget of one MCP request, in ms. */
 export const REQUEST_TIMEOUT_MS = 20_000;
 
-export const DOCS_TOOLS = ['list_actions', 'get_action', 'search_actions', 'list_categories', 'get_runtime_info'];
+export const DOCS_TOOLS = ['list_actions', 'get_action', 'search_actions', 'list_categories', 'get_runtime_info', 'preview_message'];
 export const ACTION_COUNT = 179;
 export const ACTIONS_URI = 'snowluma://onebot/actions';
 export const ACTION_TEMPLATE = 'snowluma://onebot/actions/{name}';
@@ -545,6 +545,9 @@ export async function runScenario(checks, cfg, client, { expectProtocol, inputCo
 
     if (cfg.eventsUrl && client.events) await runEvents(checks, cfg, client, call, success, T);
 
+    // ---- preview_message without the MCP Apps extension: the draft, no UI.
+    await runPreview(checks, cfg, client, call, success, T, { ui: false });
+
     // Anything the SDK reported through onerror instead of a request's
     // promise: e.g. a progress notification after its request's response
     // ("unknown token"), a message that does not parse, an unknown id.
@@ -720,4 +723,112 @@ export function childExit(child) {
         return Promise.resolve({ exitCode: child.exitCode, signal: child.signalCode });
     }
     return new Promise((resolve) => child.once('exit', (exitCode, signal) => resolve({ exitCode, signal })));
+}
+
+// ---- preview_message and its MCP Apps panel (README, "Message preview")
+
+export const UI_MIME = 'text/html;profile=mcp-app';
+export const UI_URI = 'ui://snowluma-mcp/preview-message.html';
+/** The client capabilities of a host that renders MCP Apps panels. */
+export const UI_CAPABILITIES = { extensions: { 'io.modelcontextprotocol/ui': { mimeTypes: [UI_MIME] } } };
+export const PREVIEW_ARGS = { message_type: 'group', target_id: 20001, text: '[CQ:at,qq=all] <img src=x onerror=alert(1)>', reply_to: -123456 };
+
+/**
+ * preview_message through `client` (the scenario's adapter): the draft and
+ * its invoke_action arguments, can_send for the mode, and `_meta.ui` and the
+ * ui:// resource present exactly when `ui` (the client declared the
+ * extension). Nothing reaches SnowLuma (tests/tests/interop.rs checks the
+ * fake's log).
+ */
+export async function runPreview(checks, cfg, client, call, success, T, { ui }) {
+    const tag = ui ? ' (UI extension declared)' : '';
+    await checks.check(`tools/list: preview_message ${ui ? 'links its panel' : 'has no UI metadata'}${tag}`, async () => {
+        const { tools } = await T(client.listTools(), 'tools/list');
+        const tool = tools.find((t) => t.name === 'preview_message');
+        expect(tool, 'preview_message is not listed');
+        const linked = tools.filter((t) => t._meta?.ui);
+        if (ui) {
+            expect(tool._meta?.ui?.resourceUri === UI_URI, `_meta is ${JSON.stringify(tool._meta)}`);
+            expect(linked.length === 1, `${linked.length} tools carry _meta.ui`);
+        } else {
+            expect(linked.length === 0, `${linked.map((t) => t.name).join(', ')} carry _meta.ui`);
+        }
+    });
+    await checks.check(`resources/list: the panel resource is ${ui ? 'listed' : 'absent'}${tag}`, async () => {
+        const { resources } = await T(client.listResources(), 'resources/list');
+        const r = resources.find((x) => x.uri === UI_URI);
+        if (ui) expect(r?.mimeType === UI_MIME, `no ${UI_URI} with ${UI_MIME}: ${JSON.stringify(resources.map((x) => x.uri))}`);
+        else expect(!r && !resources.some((x) => x.uri.startsWith('ui://')), 'a ui:// resource is listed');
+    });
+    if (ui) {
+        await checks.check(`resources/read ${UI_URI}${tag}`, async () => {
+            const { contents } = await T(client.readResource(UI_URI), 'resources/read');
+            expect(contents.length === 1, `${contents.length} contents`);
+            const c = contents[0];
+            expect(c.mimeType === UI_MIME, `mimeType ${c.mimeType}`);
+            expect(typeof c.text === 'string' && c.text.startsWith('<!doctype html>'), 'no HTML text');
+            expect(/connect-src 'none'/.test(c.text), 'no Content-Security-Policy forbidding connections');
+            expect(JSON.stringify(c._meta?.ui?.csp?.connectDomains) === '[]', `_meta.ui.csp is ${JSON.stringify(c._meta?.ui?.csp)}`);
+            return `${c.text.length} chars`;
+        });
+    }
+    await call(`tools/call preview_message${tag}`, 'preview_message', PREVIEW_ARGS, (res, sc) => {
+        success(res, sc);
+        const r = sc.result;
+        const canSend = cfg.mode === 'write';
+        expect(r.can_send === canSend, `can_send is ${r.can_send} in ${cfg.mode} mode (${r.send_blocked_by})`);
+        expect(canSend || typeof r.send_blocked_by === 'string', 'no reason for can_send false');
+        const want = {
+            action: 'send_group_msg',
+            params: { group_id: 20001, message: [
+                { type: 'reply', data: { id: '-123456' } },
+                { type: 'text', data: { text: PREVIEW_ARGS.text } },
+            ] },
+        };
+        expect(JSON.stringify(r.invoke_action) === JSON.stringify(want), `invoke_action is ${JSON.stringify(r.invoke_action)}`);
+        return `can_send ${r.can_send}`;
+    });
+    await call(`tools/call preview_message {text:""} is a tool error${tag}`, 'preview_message', { ...PREVIEW_ARGS, text: '' }, (res, sc) => {
+        expect(res.isError === true, 'isError is not true');
+        expect(sc.diagnostics.kind === 'invalid_arguments', `diagnostics.kind is ${sc.diagnostics.kind}`);
+    });
+}
+
+/**
+ * A second session whose client declares the MCP Apps extension
+ * (UI_CAPABILITIES): it lists tools (so that results are validated), then
+ * runs runPreview with `ui: true` and closes. `client` is an adapter like
+ * runScenario's (connect, listTools, callTool, listResources, readResource,
+ * close).
+ */
+export async function runPreviewUiSession(checks, cfg, client) {
+    const T = (p, what) => withTimeout(p, REQUEST_TIMEOUT_MS + 5_000, what);
+    const ajv = makeAjv();
+    let validators = new Map();
+    const connected = await checks.check('UI session: connect declaring io.modelcontextprotocol/ui', async () => {
+        await T(client.connect(), 'connect');
+        const { tools } = await T(client.listTools(), 'tools/list');
+        const compiled = compileToolSchemas(ajv, tools);
+        validators = compiled.validators;
+        expect(compiled.problems.length === 0, compiled.problems.join('; '));
+    });
+    if (!connected) return;
+    const call = (label, name, args, verify) =>
+        checks.check(label, async () => {
+            const res = await T(client.callTool(name, args), `tools/call ${name}`);
+            const problems = resultProblems(validators, name, res);
+            expect(problems.length === 0, problems.join('; '));
+            return verify(res, res.structuredContent);
+        });
+    const success = (res, sc) => {
+        expect(res.isError !== true, `isError is true: ${JSON.stringify(sc.diagnostics)}`);
+        expect(sc.diagnostics.outcome === 'success', `diagnostics.outcome is ${sc.diagnostics.outcome}`);
+    };
+    await runPreview(checks, cfg, client, call, success, T, { ui: true });
+    await checks.check('UI session: close', async () => {
+        const closed = await T(client.close(), 'close');
+        if (closed === undefined) return; // over HTTP: no process of ours to watch
+        const { exitCode, signal } = closed;
+        expect(exitCode === 0 && signal === null, `the server did not exit 0: exit code ${exitCode}, signal ${signal}`);
+    });
 }

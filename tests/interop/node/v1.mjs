@@ -26,7 +26,8 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { CallToolResultSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
 import {
-    Checks, REQUEST_TIMEOUT_MS, childExit, errorText, expect, installGuards, readConfig, runScenario, serverEnv, withTimeout,
+    Checks, REQUEST_TIMEOUT_MS, UI_CAPABILITIES, childExit, errorText, expect, installGuards, readConfig, runPreviewUiSession,
+    runScenario, serverEnv, withTimeout,
 } from './common.mjs';
 import { httpTarget } from './http.mjs';
 
@@ -115,4 +116,29 @@ await runScenario(checks, cfg, {
 });
 // After a failed run the server may still be up: stop it (a no-op after close).
 await withTimeout(transport.close(), 5_000, 'transport close').catch(() => {});
+// A second session whose client declares the MCP Apps extension: the
+// preview tool links its panel and the ui:// resource is listed and read
+// (common.mjs runPreviewUiSession).
+const uiClient = new Client({ name: 'snowluma-interop-ts-sdk-v1-ui', version: '1.0.0' }, { capabilities: UI_CAPABILITIES });
+// Over HTTP the UI session is a second HTTP session (ended with DELETE).
+const uiTransport = target
+    ? new StreamableHTTPClientTransport(target.url, { requestInit: { headers: target.headers } })
+    : new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
+let uiExited;
+await runPreviewUiSession(checks, cfg, {
+    connect: async () => {
+        await uiClient.connect(uiTransport, opts());
+        if (!target) uiExited = childExit(uiTransport._process);
+    },
+    listTools: () => uiClient.listTools({}, opts()),
+    callTool: (name, args) => uiClient.callTool({ name, arguments: args }, CallToolResultSchema, opts()),
+    listResources: () => uiClient.listResources({}, opts()),
+    readResource: (uri) => uiClient.readResource({ uri }, opts()),
+    close: async () => {
+        if (target) await uiTransport.terminateSession();
+        await uiClient.close();
+        return uiExited;
+    },
+});
+await withTimeout(uiTransport.close(), 5_000, 'transport close').catch(() => {});
 checks.finish();

@@ -42,7 +42,7 @@
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
 import {
-    Checks, REQUEST_TIMEOUT_MS, childExit, errorText, inputCompletionHandler, installGuards, readConfig, runScenario, serverEnv,
+    Checks, REQUEST_TIMEOUT_MS, childExit, errorText, inputCompletionHandler, installGuards, readConfig, runPreviewUiSession, runScenario, serverEnv, UI_CAPABILITIES,
     withTimeout,
 } from './common.mjs';
 import { httpTarget } from './http.mjs';
@@ -138,4 +138,31 @@ await runScenario(checks, cfg, {
 }, { expectProtocol: PROTOCOL, inputCompletion: true });
 // After a failed run the server may still be up: stop it (a no-op after close).
 await withTimeout(transport.close(), 5_000, 'transport close').catch(() => {});
+// A second session whose client declares the MCP Apps extension: the
+// preview tool links its panel and the ui:// resource is listed and read
+// (common.mjs runPreviewUiSession).
+const uiClient = new Client(
+    { name: 'snowluma-interop-ts-sdk-v2-ui', version: '1.0.0' },
+    { capabilities: UI_CAPABILITIES, versionNegotiation: { mode: { pin: PROTOCOL }, probe: { timeoutMs: REQUEST_TIMEOUT_MS } } },
+);
+// Over HTTP the UI session is a second HTTP session (ended with DELETE).
+const uiTransport = target
+    ? new StreamableHTTPClientTransport(target.url, { requestInit: { headers: target.headers } })
+    : new StdioClientTransport({ command: cfg.bin, args: [], env: serverEnv(cfg) });
+let uiExited;
+await runPreviewUiSession(checks, cfg, {
+    connect: async () => {
+        await uiClient.connect(uiTransport, opts());
+        if (!target) uiExited = childExit(uiTransport._process);
+    },
+    listTools: () => uiClient.listTools(undefined, opts()),
+    callTool: (name, args) => uiClient.callTool({ name, arguments: args }, opts()),
+    listResources: () => uiClient.listResources(undefined, opts()),
+    readResource: (uri) => uiClient.readResource({ uri }, opts()),
+    close: async () => {
+        await uiClient.close();
+        return uiExited;
+    },
+});
+await withTimeout(uiTransport.close(), 5_000, 'transport close').catch(() => {});
 checks.finish();

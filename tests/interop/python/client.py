@@ -89,6 +89,7 @@ from jsonschema import Draft202012Validator
 
 from mcp import Client
 from mcp.client import ClientRequestContext
+from mcp.client.extension import advertise
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ResourceUpdated
@@ -96,12 +97,17 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import ElicitRequestFormParams, ElicitRequestParams, ElicitResult, ResourceUpdatedNotification
 
 SERVER_NAME = "snowluma-mcp"
-DOC_TOOLS = {"list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info"}
+DOC_TOOLS = {"list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info", "preview_message"}
 CATALOG_URI = "snowluma://onebot/actions"
 ACTION_TEMPLATE = "snowluma://onebot/actions/{name}"
 ACTION_COUNT = 179
 OUTCOMES = {"success", "failed", "unknown"}
 EVENT_TOOLS = {"subscribe_events", "unsubscribe_events"}
+# The message preview panel (MCP Apps): what a UI-capable host declares and gets.
+UI_EXTENSION = "io.modelcontextprotocol/ui"
+UI_MIME = "text/html;profile=mcp-app"
+UI_URI = "ui://snowluma-mcp/preview-message.html"
+PREVIEW_ARGS = {"message_type": "group", "target_id": 20001, "text": "[CQ:at,qq=all] <img src=x onerror=alert(1)>", "reply_to": -123456}
 EVENTS_URI_PREFIX = "snowluma://onebot/events/"
 EVENT_READ_FIELDS = {"status", "events", "next_cursor", "oldest_cursor", "dropped_events", "gap", "notification_failed"}
 EVENT_WAIT_S = 10.0  # for the fake's injected events (one per 200 ms) and their notifications
@@ -396,11 +402,21 @@ class Run:
     """One connection (one spawned server) in one connection style."""
 
     def __init__(
-        self, report: Report, mode: str, era: str, env: dict[str, str], stream_dir: str | None, http: HttpTarget | None = None
+        self,
+        report: Report,
+        mode: str,
+        era: str,
+        env: dict[str, str],
+        stream_dir: str | None,
+        http: HttpTarget | None = None,
+        ui: bool = False,
     ) -> None:
         self.report = report
         self.http = http
         self.http_mark = 0
+        # A session whose client declares the MCP Apps extension: it runs only
+        # the preview checks (run_preview) and touches nothing else.
+        self.ui = ui
         self.mode = mode
         self.era = era
         self.env = env
@@ -431,7 +447,7 @@ class Run:
         return ElicitResult(action="accept", content={"params_json": json.dumps(INPUT_ANSWER)})
 
     def name(self, check: str) -> str:
-        return f"[{self.era}] {check}"
+        return f"[{self.era}] {'UI session: ' if self.ui else ''}{check}"
 
     async def check(self, check: str, fn, *args: Any) -> bool:
         name = self.name(check)
@@ -911,6 +927,65 @@ class Run:
 
     # ---- the sequence --------------------------------------------------------
 
+    # ---- checks: preview_message and its panel ---------------------------------
+
+    async def c_preview_tool(self) -> str:
+        assert self.client is not None
+        tools = (await self.client.list_tools()).tools
+        tool = next((t for t in tools if t.name == "preview_message"), None)
+        expect(tool is not None, "preview_message is not listed")
+        linked = [t.name for t in tools if (t.meta or {}).get("ui")]
+        if self.ui:
+            expect((tool.meta or {}).get("ui") == {"resourceUri": UI_URI}, f"_meta is {short(tool.meta)}")
+            expect(linked == ["preview_message"], f"tools with _meta.ui: {linked}")
+            return f"_meta.ui.resourceUri {UI_URI}"
+        expect(not linked, f"tools with _meta.ui without the extension: {linked}")
+        return "no _meta.ui"
+
+    async def c_preview_resources(self) -> str:
+        assert self.client is not None
+        resources = (await self.client.list_resources()).resources
+        ui = [r for r in resources if str(r.uri).startswith("ui://")]
+        if not self.ui:
+            expect(not ui, f"ui:// resources listed without the extension: {[str(r.uri) for r in ui]}")
+            return "no ui:// resource"
+        expect(len(ui) == 1 and str(ui[0].uri) == UI_URI and ui[0].mime_type == UI_MIME, f"ui resources {short(ui)}")
+        read = await self.client.read_resource(UI_URI)
+        expect(len(read.contents) == 1, f"{len(read.contents)} contents")
+        c = read.contents[0]
+        expect(c.mime_type == UI_MIME, f"mimeType {c.mime_type!r}")
+        text = getattr(c, "text", None)
+        expect(isinstance(text, str) and text.startswith("<!doctype html>"), "no HTML text")
+        expect("connect-src 'none'" in text, "no Content-Security-Policy forbidding connections")
+        csp = ((c.meta or {}).get("ui") or {}).get("csp")
+        expect(csp == {"connectDomains": [], "resourceDomains": [], "frameDomains": [], "baseUriDomains": []}, f"csp {short(csp)}")
+        return f"{len(text)} chars"
+
+    async def c_preview_call(self) -> str:
+        r = await self.call_ok("preview_message", PREVIEW_ARGS)
+        can_send = self.mode == "write"
+        expect(r.get("can_send") is can_send, f"can_send {r.get('can_send')!r} in {self.mode} mode ({r.get('send_blocked_by')!r})")
+        want = {
+            "action": "send_group_msg",
+            "params": {"group_id": 20001, "message": [
+                {"type": "reply", "data": {"id": "-123456"}},
+                {"type": "text", "data": {"text": PREVIEW_ARGS["text"]}},
+            ]},
+        }
+        expect(r.get("invoke_action") == want, f"invoke_action {short(r.get('invoke_action'))}")
+        return f"can_send {can_send}"
+
+    async def c_preview_bad(self) -> str:
+        diag = await self.call_err("preview_message", {**PREVIEW_ARGS, "reply_to": 0})
+        expect(diag.get("kind") == "invalid_arguments", f"kind {diag.get('kind')!r}")
+        return str(diag.get("message"))
+
+    async def run_preview(self) -> None:
+        await self.check("tools/list preview_message _meta.ui", self.c_preview_tool)
+        await self.check("resources/list and read of the panel", self.c_preview_resources)
+        await self.check("preview_message", self.c_preview_call)
+        await self.check("preview_message reply_to 0 -> tool error", self.c_preview_bad)
+
     async def run(self) -> None:
         if self.http is not None:
             self.http_mark = len(self.http.responses)  # this session's responses start here
@@ -928,6 +1003,7 @@ class Run:
             elicitation_callback=self.on_elicit,
             input_required_max_rounds=3,
             message_handler=self.on_message,
+            extensions=[advertise(UI_EXTENSION, {"mimeTypes": [UI_MIME]})] if self.ui else None,
         )
         entered = False
         closing_started = None
@@ -955,6 +1031,10 @@ class Run:
                 expected.update(EVENT_TOOLS)
             if not await self.check(f"tools/list ({self.mode})", self.c_list_tools, expected):
                 return
+            if self.ui:
+                await self.run_preview()
+                closing_started = time.monotonic()
+                return
 
             await self.check("list_actions {}", self.c_list_actions_all)
             await self.check("list_actions {limit:5}", self.c_list_actions_page)
@@ -962,6 +1042,7 @@ class Run:
             await self.check("search_actions 禁言 keywords", self.c_search_actions)
             await self.check("list_categories", self.c_list_categories)
             await self.check("get_runtime_info", self.c_runtime_info)
+            await self.run_preview()
             if self.mode == "docs":
                 await self.check("get_action unknown -> tool error", self.c_unknown_action)
                 await self.check("list_actions bad limit -> tool error", self.c_bad_arguments)
@@ -1069,6 +1150,9 @@ async def main_async(report: Report, mode: str) -> None:
         with anyio.fail_after(ASYNC_DEADLINE_S):
             for era in ("legacy", "auto"):
                 await Run(report, mode, era, env, stream_dir, http).run()
+            # The same eras once more, declaring the MCP Apps extension.
+            for era in ("legacy", "auto"):
+                await Run(report, mode, era, env, stream_dir, http, ui=True).run()
     except TimeoutError:
         report.fail("deadline", f"the run did not finish within {ASYNC_DEADLINE_S:g} s")
 
