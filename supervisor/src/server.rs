@@ -1117,7 +1117,7 @@ impl ServerHandler for SnowlumaServer {
             }
             Ok(Reply::Error(WorkerError::ResourceNotFound(_))) => {
                 let shown = snowluma_catalog::echo(&uri);
-                Err(McpError::resource_not_found(format!("resource not found: {shown}"), Some(json!({"uri": shown}))))
+                Err(McpError::resource_not_found(format!("resource not found: {shown}"), uri_data(&uri)))
             }
             Ok(_) => Err(McpError::internal_error("catalog worker answered unexpectedly", None)),
             Err(e) => Err(McpError::internal_error(e.to_string(), None)),
@@ -1170,13 +1170,18 @@ impl ServerHandler for SnowlumaServer {
     }
 }
 
+/// The `data` of a resource-not-found error: the URI exactly as requested
+/// (the protocol's SHOULD), unless it is too long to echo back whole.
+fn uri_data(uri: &str) -> Option<Value> {
+    const MAX_ECHOED_URI_CHARS: usize = 2048;
+    (uri.chars().count() <= MAX_ECHOED_URI_CHARS).then(|| json!({ "uri": uri }))
+}
+
 /// An event resource error as the JSON-RPC error of a resource request.
 fn events_error(e: EventsError, uri: &str) -> McpError {
     let shown = snowluma_catalog::echo(uri);
     match e {
-        EventsError::NotFound => {
-            McpError::resource_not_found(format!("resource not found: {shown}"), Some(json!({"uri": shown})))
-        }
+        EventsError::NotFound => McpError::resource_not_found(format!("resource not found: {shown}"), uri_data(uri)),
         other => McpError::invalid_params(other.to_string(), Some(json!({"uri": shown}))),
     }
 }

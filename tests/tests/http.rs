@@ -411,6 +411,32 @@ fn a_modern_client_discovers_and_calls_with_mirrored_headers() {
     let unknown = s.modern(ALICE, 6, "no/such_method", None, json!({}));
     assert_eq!(unknown.status, 404);
     assert_eq!(unknown.last()["error"]["code"], -32601);
+    // `initialize` sent the modern way is a removed method, not a new
+    // legacy session: 404, and no tree is started for it.
+    let init = s.modern(ALICE, 7, "initialize", None, json!({}));
+    assert_eq!(init.status, 404, "{init:?}");
+    assert_eq!(init.last()["error"]["code"], -32601);
+    assert!(init.headers.get("mcp-session-id").is_none());
+    assert_eq!(s.session_pids().len(), 2, "no tree for a modern initialize");
+    // A modern request without its _meta: invalid params, over HTTP a 400.
+    let bare = s.post(
+        Some(ALICE),
+        None,
+        &[("mcp-protocol-version", MODERN), ("mcp-method", "server/discover")],
+        &json!({"jsonrpc": "2.0", "id": 8, "method": "server/discover", "params": {}}),
+    );
+    assert_eq!(bare.status, 400, "{bare:?}");
+    assert_eq!(bare.last()["error"]["code"], -32602);
+    assert_eq!(bare.last()["id"], 8);
+    // A modern notification (the SDKs send notifications/cancelled this
+    // way) needs no session: accepted.
+    let note = s.post(
+        Some(ALICE),
+        None,
+        &[("mcp-protocol-version", MODERN), ("mcp-method", "notifications/cancelled")],
+        &json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}}),
+    );
+    assert_eq!(note.status, 202, "{note:?}");
 }
 
 #[test]

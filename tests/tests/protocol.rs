@@ -75,6 +75,22 @@ fn modern_errors_unsupported_version_and_missing_meta() {
 }
 
 #[test]
+fn modern_requests_for_removed_methods_are_method_not_found() {
+    // 2026-07-28 removed these methods: whatever the params, the answer is
+    // -32601 (not a params error), and the server keeps serving.
+    let mut s = Mcp::spawn(&[]);
+    for method in ["initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"] {
+        let r = s.request(method, json!({"_meta": modern_meta()}));
+        assert_eq!(r["error"]["code"], -32601, "{method}: {r}");
+    }
+    let r = s.request("resources/read", json!({"uri": "snowluma://nowhere", "_meta": modern_meta()}));
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert_eq!(r["error"]["data"]["uri"], "snowluma://nowhere", "the URI comes back exactly as requested: {r}");
+    let list = s.ok("tools/list", json!({"_meta": modern_meta()}));
+    assert_eq!(tool_names(&list), DOCS_TOOLS);
+}
+
+#[test]
 fn tool_lists_per_mode() {
     let ep = ("SNOWLUMA_MCP_ENDPOINT", "http://127.0.0.1:9/");
     type Env<'a> = &'a [(&'a str, &'a str)];

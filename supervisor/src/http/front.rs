@@ -792,9 +792,15 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
         if !legacy_versions_ok(&headers) {
             return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Unsupported MCP-Protocol-Version");
         }
-        return relay(&shared, &tree, msg, &token_id, false, wants_sse, None).await;
+        return relay(&shared, &tree, msg, &token_id, Era::Legacy, wants_sse, None).await;
     }
-    if method.as_deref() == Some("initialize") && is_request {
+    // A message of the modern era: its header or its `_meta` names a
+    // revision the legacy era does not have.
+    let modern_signal = msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").is_some()
+        || header_str(&headers, "mcp-protocol-version").is_some_and(|v| !LEGACY_VERSIONS.contains(&v));
+    // `initialize` opens a legacy session; sent the modern way it is a
+    // method that revision removed, answered by a tree (-32601, 404).
+    if method.as_deref() == Some("initialize") && is_request && !modern_signal {
         let tree = match spawn_tree(&shared, &token_id, &conn.peer).await {
             Ok(t) => t,
             Err(r) => return r,
@@ -804,13 +810,23 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
             s.insert(sid.clone(), tree.clone());
         }
         tracing::info!(session = tree.session, token_id = %token_id, "serve-http: legacy session opened");
-        return relay(&shared, &tree, msg, &token_id, false, wants_sse, Some(sid)).await;
+        return relay(&shared, &tree, msg, &token_id, Era::Legacy, wants_sse, Some(sid)).await;
     }
-    let modern = is_request
-        && (msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").is_some()
-            || header_str(&headers, "mcp-protocol-version").is_some_and(|v| !LEGACY_VERSIONS.contains(&v)));
-    if !modern {
+    if !modern_signal {
         return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Bad Request: Mcp-Session-Id header is required");
+    }
+    if !is_request {
+        // A modern notification (a `notifications/cancelled` naming one of
+        // this client's requests) goes to the client's tree, if it has one;
+        // there is nothing else to do with it (no sessions, no responses to
+        // server requests in this era).
+        let tree = shared.modern.lock().await.get(&(token_id.clone(), conn.host.clone())).cloned();
+        if let Some(tree) = tree
+            && !tree.ended.is_cancelled()
+        {
+            tree.forward(msg).await;
+        }
+        return empty(StatusCode::ACCEPTED);
     }
     if let Err(why) = check_modern_headers(&headers, &msg) {
         return rpc_error(StatusCode::BAD_REQUEST, id, -32020, &format!("Header mismatch: {why}"));
@@ -835,14 +851,35 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
             },
         }
     };
-    relay(&shared, &tree, msg, &token_id, true, wants_sse, None).await
+    // A request without the `_meta` every modern request carries is
+    // rejected by the session (-32602), and over HTTP with a 400.
+    let meta_complete =
+        msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").is_some_and(Value::is_string)
+            && msg.pointer("/params/_meta/io.modelcontextprotocol~1clientCapabilities").is_some_and(Value::is_object);
+    let era = Era::Modern { meta_complete };
+    relay(&shared, &tree, msg, &token_id, era, wants_sse, None).await
 }
 
-/// HTTP status of a modern error answer (the transport's mapping).
-fn modern_status(msg: &Value) -> StatusCode {
+/// The era a relayed request belongs to, as far as its HTTP answer goes.
+#[derive(Clone, Copy)]
+enum Era {
+    Legacy,
+    /// `meta_complete`: the request's `_meta` has the keys every modern
+    /// request must carry.
+    Modern {
+        meta_complete: bool,
+    },
+}
+
+/// HTTP status of a modern error answer (the transport's mapping): an
+/// invalid-params error is a 400 only when it is about the request's
+/// missing `_meta` (other invalid params, such as an unknown resource,
+/// are answers like any other).
+fn modern_status(msg: &Value, meta_complete: bool) -> StatusCode {
     match msg.pointer("/error/code").and_then(Value::as_i64) {
         Some(-32601) => StatusCode::NOT_FOUND,
         Some(-32022..=-32020) => StatusCode::BAD_REQUEST,
+        Some(-32602) if !meta_complete => StatusCode::BAD_REQUEST,
         _ => StatusCode::OK,
     }
 }
@@ -852,10 +889,11 @@ async fn relay(
     tree: &Arc<Tree>,
     msg: Value,
     token_id: &str,
-    modern: bool,
+    era: Era,
     wants_sse: bool,
     session_id: Option<String>,
 ) -> Response<Body> {
+    let modern = matches!(era, Era::Modern { .. });
     let is_request = msg.get("method").is_some() && msg.get("id").is_some();
     if !is_request {
         return if tree.forward(msg).await {
@@ -887,7 +925,10 @@ async fn relay(
             }
             Some(m) if is_response(&m) => {
                 guard.done = true;
-                let status = if modern { modern_status(&m) } else { StatusCode::OK };
+                let status = match era {
+                    Era::Modern { meta_complete } => modern_status(&m, meta_complete),
+                    Era::Legacy => StatusCode::OK,
+                };
                 break full(status, "application/json", serde_json::to_vec(&m).unwrap_or_default());
             }
             Some(m) if wants_sse => break sse(Some(m), rx, guard),
@@ -956,10 +997,11 @@ mod tests {
     #[test]
     fn modern_errors_map_to_their_http_status() {
         let e = |code: i64| json!({"jsonrpc": "2.0", "id": 1, "error": {"code": code, "message": "x"}});
-        assert_eq!(modern_status(&e(-32601)), StatusCode::NOT_FOUND);
-        assert_eq!(modern_status(&e(-32022)), StatusCode::BAD_REQUEST);
-        assert_eq!(modern_status(&e(-32020)), StatusCode::BAD_REQUEST);
-        assert_eq!(modern_status(&e(-32602)), StatusCode::OK);
-        assert_eq!(modern_status(&json!({"jsonrpc": "2.0", "id": 1, "result": {}})), StatusCode::OK);
+        assert_eq!(modern_status(&e(-32601), true), StatusCode::NOT_FOUND);
+        assert_eq!(modern_status(&e(-32022), true), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(&e(-32020), true), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(&e(-32602), true), StatusCode::OK);
+        assert_eq!(modern_status(&e(-32602), false), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(&json!({"jsonrpc": "2.0", "id": 1, "result": {}}), false), StatusCode::OK);
     }
 }

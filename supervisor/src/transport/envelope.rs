@@ -31,6 +31,12 @@ const KNOWN_METHODS: [&str; 13] = [
     "completion/complete",
 ];
 
+/// Request methods the 2026-07-28 revision removed: a modern request for
+/// one is answered "method not found" (-32601), whatever its params, as the
+/// revision requires (over HTTP that is a 404).
+const REMOVED_IN_MODERN: [&str; 5] =
+    ["initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"];
+
 /// What to do with a line that is not a usable message.
 pub(super) enum Reject {
     /// Answer with this JSON-RPC error.
@@ -150,6 +156,16 @@ pub(super) fn peek(line: &[u8]) -> Result<Peek<'_>, Reject> {
 /// The typed message of a line whose envelope [`peek`] accepted: the fast
 /// `tools/call` parse, else rmcp's generic one.
 pub(super) fn parse(line: &[u8], peek: &Peek) -> Result<RxJsonRpcMessage<RoleServer>, Reject> {
+    if let (Some(method), Some(id)) = (peek.method.as_deref(), &peek.id)
+        && peek.is_modern()
+        && REMOVED_IN_MODERN.contains(&method)
+    {
+        return Err(Reject::Error {
+            id: id.clone(),
+            code: -32601,
+            message: format!("Method not found: {method} (not part of protocol revision {MODERN_FROM})"),
+        });
+    }
     let fast = match (peek.method.as_deref(), &peek.id) {
         (Some("tools/call"), Some(_)) => super::fast::parse_call_tool(line),
         _ => None,
