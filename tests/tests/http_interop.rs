@@ -17,11 +17,18 @@
 //!   cancelled call's connection closed, the downloaded file complete), and
 //!   the server's own log now that the harness holds it (the cancelled call
 //!   logged as cancelled; no panic anywhere in the process tree).
+//! * The MCP Inspector's CLI (tests/interop/node/inspector.mjs with
+//!   `--http`): the same checks as over stdio (tools/list in both eras and
+//!   `--strict`, tools/call, resources/read, preview_message, the MCP Apps
+//!   probe) in docs and read mode, the bearer header from a private
+//!   `--config` session file (not the command line, not the test proxy).
+//!   The Inspector does not end its sessions (no DELETE), so these servers
+//!   allow 32 trees per token.
 //! * A Unix socket (`--listen /abs/path.sock`): the Python client in docs
 //!   mode through httpx2's Unix socket transport.
 //! * TLS (`--tls-cert`, `--tls-key`, a self-signed certificate made with
-//!   `openssl req`): the three clients in docs mode and three conformance
-//!   scenarios over https.
+//!   `openssl req`): the three SDK clients and the Inspector in docs mode
+//!   and three conformance scenarios over https.
 //! * The door: requests without the token, or with a wrong one, get 401; a
 //!   token file other users can read is refused at start.
 //!
@@ -45,6 +52,7 @@ enum Client {
     TsV1,
     TsV2,
     Python,
+    Inspector,
 }
 
 const SETUP_HINT: &str = "the interoperability clients are not installed: run `tests/interop/setup.sh` \
@@ -100,6 +108,8 @@ struct ServerEnv {
     /// Serve https with a fresh self-signed certificate for 127.0.0.1
     /// (`--tls-cert`, `--tls-key`); the clients trust it as their CA.
     tls: bool,
+    /// `--max-sessions-per-token N` (the server's default is 8).
+    max_sessions_per_token: Option<u32>,
 }
 
 /// A running `snowluma-mcp serve-http`; stopped (SIGTERM, then SIGKILL at
@@ -234,6 +244,9 @@ fn serve_http_command(env: &ServerEnv, token_file: &Path, listen: &str) -> Comma
     if let Some(u) = &env.events_url {
         cmd.env("SNOWLUMA_MCP_EVENTS_URL", u);
     }
+    if let Some(n) = env.max_sessions_per_token {
+        cmd.arg("--max-sessions-per-token").arg(n.to_string());
+    }
     if env.tls {
         let dir = token_file.parent().unwrap();
         cmd.arg("--tls-cert").arg(dir.join("cert.pem")).arg("--tls-key").arg(dir.join("key.pem"));
@@ -324,10 +337,14 @@ fn client_command(client: Client) -> Command {
             c.arg(dir.join("python/client.py"));
             c
         }
-        Client::TsV1 | Client::TsV2 => {
+        Client::TsV1 | Client::TsV2 | Client::Inspector => {
             assert!(dir.join("node_modules").is_dir(), "{SETUP_HINT} (missing tests/interop/node_modules)");
             let mut c = Command::new("node");
-            c.arg(dir.join(if matches!(client, Client::TsV1) { "node/v1.mjs" } else { "node/v2.mjs" }));
+            c.arg(dir.join(match client {
+                Client::TsV1 => "node/v1.mjs",
+                Client::TsV2 => "node/v2.mjs",
+                _ => "node/inspector.mjs",
+            }));
             c
         }
     }
@@ -405,8 +422,19 @@ fn completes_input(client: Client) -> bool {
 }
 
 fn docs(client: Client) {
-    let server = HttpServer::start(&format!("{client:?}-docs"), ServerEnv { mode: "docs", ..ServerEnv::default() });
+    let server = HttpServer::start(
+        &format!("{client:?}-docs"),
+        ServerEnv { mode: "docs", max_sessions_per_token: max_sessions(client), ..ServerEnv::default() },
+    );
     run_client(client, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
+}
+
+/// The Inspector's CLI opens one session per invocation and does not end it
+/// (no `DELETE /mcp` when it exits; its legacy sessions stay until
+/// `--idle-timeout`): its run of a dozen invocations needs more trees than
+/// the default 8 per token. The SDK clients end theirs and keep the default.
+fn max_sessions(client: Client) -> Option<u32> {
+    matches!(client, Client::Inspector).then_some(32)
 }
 
 fn read(client: Client) {
@@ -526,6 +554,40 @@ fn typescript_sdk_v2_http_write() {
     write(Client::TsV2);
 }
 
+/// The MCP Inspector's CLI (`--config` session file with the bearer
+/// header; tests/interop/node/inspector.mjs) against serve-http in docs mode.
+#[test]
+fn inspector_cli_http_docs() {
+    docs(Client::Inspector);
+}
+
+/// The same in read mode against the fake SnowLuma: the run lists read
+/// mode's tools and reads the catalog; it executes nothing, so no request
+/// reaches SnowLuma (the Inspector's CLI cannot receive notifications, so
+/// the server gets no event WebSocket).
+#[test]
+fn inspector_cli_http_read() {
+    let fake = Fake::start(None);
+    fake.fake.interop_preset();
+    let endpoint = fake.fake.url();
+    let server = HttpServer::start(
+        "Inspector-read",
+        ServerEnv {
+            mode: "read",
+            endpoint: Some(endpoint.clone()),
+            max_sessions_per_token: max_sessions(Client::Inspector),
+            ..ServerEnv::default()
+        },
+    );
+    run_client(
+        Client::Inspector,
+        &server,
+        &Run { mode: "read", endpoint: Some(&endpoint), stream_dir: None, events: None },
+    );
+    let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
+    assert_eq!(actions, Vec::<String>::new(), "Inspector: nothing reached SnowLuma");
+}
+
 #[test]
 fn python_sdk_http_docs() {
     docs(Client::Python);
@@ -547,13 +609,22 @@ fn python_sdk_http_docs_over_a_unix_socket() {
     run_client(Client::Python, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
 }
 
-/// TLS (`--tls-cert`, `--tls-key`): the three SDK clients in docs mode over
-/// https, trusting the test certificate, and the conformance suite's
-/// DNS-rebinding and listing scenarios through the proxy over https.
+/// TLS (`--tls-cert`, `--tls-key`): the three SDK clients and the
+/// Inspector's CLI in docs mode over https, trusting the test certificate,
+/// and the conformance suite's DNS-rebinding and listing scenarios through
+/// the proxy over https.
 #[test]
 fn sdk_clients_and_conformance_over_tls() {
-    let server = HttpServer::start("tls", ServerEnv { mode: "docs", tls: true, ..ServerEnv::default() });
-    for client in [Client::TsV1, Client::TsV2, Client::Python] {
+    let server = HttpServer::start(
+        "tls",
+        ServerEnv {
+            mode: "docs",
+            tls: true,
+            max_sessions_per_token: max_sessions(Client::Inspector),
+            ..ServerEnv::default()
+        },
+    );
+    for client in [Client::TsV1, Client::TsV2, Client::Python, Client::Inspector] {
         run_client(client, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
     }
     let out = Command::new(interop_dir().join("conformance.sh"))

