@@ -569,16 +569,54 @@ fn the_session_and_request_limits_per_token_hold() {
     let dir = temp_dir("limits");
     let s = Server::start(&dir, &[], &["--max-sessions-per-token", "2"]);
     let a = s.initialize(ALICE);
-    let _b = s.initialize(ALICE);
+    let b = s.initialize(ALICE);
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}});
+    // Both sessions busy (each with its GET stream open): no place, 429.
+    let streams = s.rt.block_on(async {
+        let mut streams = Vec::new();
+        for sid in [&a, &b] {
+            let r = s
+                .client
+                .get(s.url())
+                .header("authorization", format!("Bearer {ALICE}"))
+                .header("mcp-session-id", sid)
+                .header("accept", "text/event-stream")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            streams.push(r);
+        }
+        streams
+    });
     let third = s.post(Some(ALICE), None, &[], &init);
     assert_eq!(third.status, 429, "{third:?}");
     assert_eq!(s.session_pids().len(), 2);
     // Another token has its own allowance.
     let _c = s.initialize(BOB);
-    assert_eq!(s.delete(ALICE, &a), 200);
-    let _d = s.initialize(ALICE);
+    assert_eq!(s.session_pids().len(), 3);
+    // Once the sessions are quiet, a new one takes the place of the least
+    // recently used (a client that left without DELETE must not hold its
+    // place until it expires): `a` is ended (404), `b` still serves.
+    drop(streams);
+    let d = wait_until("the closed streams make the sessions quiet, and a new one takes a place", || {
+        let r = s.post(Some(ALICE), None, &[], &init);
+        assert!(r.status == 200 || r.status == 429, "{r:?}");
+        (r.status == 200).then(|| r.headers.get("mcp-session-id").unwrap().to_str().unwrap().to_owned())
+    });
+    let n = s.post(
+        Some(ALICE),
+        Some(&d),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    assert_eq!(n.status, 202);
+    assert_eq!(s.call(ALICE, &a, 3, "list_categories", json!({})).status, 404, "the least recently used session ended");
+    assert_eq!(s.call(ALICE, &b, 4, "list_categories", json!({})).status, 200);
+    assert_eq!(s.call(ALICE, &d, 5, "list_categories", json!({})).status, 200);
+    wait_until("alice is back to two trees (and bob's one)", || (s.session_pids().len() == 3).then_some(()));
+    assert_eq!(s.delete(ALICE, &d), 200);
     // Requests (open streams included) are limited per token too.
     drop(s);
     let s = Server::start(&dir, &[], &["--max-requests-per-token", "1"]);

@@ -108,8 +108,6 @@ struct ServerEnv {
     /// Serve https with a fresh self-signed certificate for 127.0.0.1
     /// (`--tls-cert`, `--tls-key`); the clients trust it as their CA.
     tls: bool,
-    /// `--max-sessions-per-token N` (the server's default is 8).
-    max_sessions_per_token: Option<u32>,
 }
 
 /// A running `snowluma-mcp serve-http`; stopped (SIGTERM, then SIGKILL at
@@ -243,9 +241,6 @@ fn serve_http_command(env: &ServerEnv, token_file: &Path, listen: &str) -> Comma
     }
     if let Some(u) = &env.events_url {
         cmd.env("SNOWLUMA_MCP_EVENTS_URL", u);
-    }
-    if let Some(n) = env.max_sessions_per_token {
-        cmd.arg("--max-sessions-per-token").arg(n.to_string());
     }
     if env.tls {
         let dir = token_file.parent().unwrap();
@@ -422,19 +417,8 @@ fn completes_input(client: Client) -> bool {
 }
 
 fn docs(client: Client) {
-    let server = HttpServer::start(
-        &format!("{client:?}-docs"),
-        ServerEnv { mode: "docs", max_sessions_per_token: max_sessions(client), ..ServerEnv::default() },
-    );
+    let server = HttpServer::start(&format!("{client:?}-docs"), ServerEnv { mode: "docs", ..ServerEnv::default() });
     run_client(client, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
-}
-
-/// The Inspector's CLI opens one session per invocation and does not end it
-/// (no `DELETE /mcp` when it exits; its legacy sessions stay until
-/// `--idle-timeout`): its run of a dozen invocations needs more trees than
-/// the default 8 per token. The SDK clients end theirs and keep the default.
-fn max_sessions(client: Client) -> Option<u32> {
-    matches!(client, Client::Inspector).then_some(32)
 }
 
 fn read(client: Client) {
@@ -572,12 +556,7 @@ fn inspector_cli_http_read() {
     let endpoint = fake.fake.url();
     let server = HttpServer::start(
         "Inspector-read",
-        ServerEnv {
-            mode: "read",
-            endpoint: Some(endpoint.clone()),
-            max_sessions_per_token: max_sessions(Client::Inspector),
-            ..ServerEnv::default()
-        },
+        ServerEnv { mode: "read", endpoint: Some(endpoint.clone()), ..ServerEnv::default() },
     );
     run_client(
         Client::Inspector,
@@ -615,15 +594,7 @@ fn python_sdk_http_docs_over_a_unix_socket() {
 /// the proxy over https.
 #[test]
 fn sdk_clients_and_conformance_over_tls() {
-    let server = HttpServer::start(
-        "tls",
-        ServerEnv {
-            mode: "docs",
-            tls: true,
-            max_sessions_per_token: max_sessions(Client::Inspector),
-            ..ServerEnv::default()
-        },
-    );
+    let server = HttpServer::start("tls", ServerEnv { mode: "docs", tls: true, ..ServerEnv::default() });
     for client in [Client::TsV1, Client::TsV2, Client::Python, Client::Inspector] {
         run_client(client, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
     }

@@ -450,15 +450,50 @@ fn too_many(what: &str) -> Response<Body> {
 // ---------------------------------------------------------------------------
 // Trees
 
-async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<Arc<Tree>, Response<Body>> {
-    {
-        let mut usage = shared.usage.lock().map_err(|_| empty(StatusCode::INTERNAL_SERVER_ERROR))?;
-        let u = usage.entry(token_id.to_owned()).or_default();
-        if u.sessions >= shared.max_sessions {
-            return Err(too_many("Too many sessions for this token"));
+/// Take one of the token's session places. At the limit, the token's
+/// least recently used *quiet* tree (nothing in flight, no stream open) is
+/// ended to make room: many clients never send DELETE when they exit, and
+/// their sessions would otherwise hold every place until they expire. Its
+/// client, if it comes back, gets 404 and starts a new session, as the
+/// transport prescribes. Only when every tree of the token is busy is the
+/// answer 429.
+async fn take_place(shared: &Arc<Shared>, token_id: &str) -> Result<(), Response<Body>> {
+    for attempt in 0..2 {
+        {
+            let mut usage = shared.usage.lock().map_err(|_| empty(StatusCode::INTERNAL_SERVER_ERROR))?;
+            let u = usage.entry(token_id.to_owned()).or_default();
+            if u.sessions < shared.max_sessions {
+                u.sessions += 1;
+                return Ok(());
+            }
         }
-        u.sessions += 1;
+        if attempt == 1 {
+            break;
+        }
+        let quietest = shared
+            .trees
+            .lock()
+            .ok()
+            .and_then(|t| {
+                t.iter()
+                    .filter(|x| x.token_id == token_id && !x.ended.is_cancelled())
+                    .filter_map(|x| x.quiet_since().map(|since| (since, x.clone())))
+                    .min_by_key(|(since, _)| *since)
+            })
+            .map(|(_, x)| x);
+        let Some(tree) = quietest else { break };
+        tracing::info!(
+            session = tree.session,
+            token_id,
+            "serve-http: session limit reached; ending the least recently used quiet session"
+        );
+        end_tree(shared, &tree).await;
     }
+    Err(too_many("Too many sessions for this token"))
+}
+
+async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<Arc<Tree>, Response<Body>> {
+    take_place(shared, token_id).await?;
     let release = || {
         if let Ok(mut u) = shared.usage.lock()
             && let Some(u) = u.get_mut(token_id)

@@ -83,6 +83,16 @@ impl Tree {
         self.with(|st| st.last_active = Instant::now());
     }
 
+    /// When the tree became quiet (nothing in flight with a client
+    /// waiting, no GET stream), or `None` while it is busy.
+    pub fn quiet_since(&self) -> Option<Instant> {
+        self.with(|st| {
+            let busy = st.pending.values().any(|p| p.open) || st.get_stream.as_ref().is_some_and(|g| !g.is_closed());
+            (!busy).then_some(st.last_active)
+        })
+        .flatten()
+    }
+
     /// Idle: nothing in flight with a client waiting, no GET stream, and no
     /// activity for `limit`.
     pub fn idle_for(&self, limit: std::time::Duration) -> bool {
