@@ -251,7 +251,7 @@ fn a_transfer_survives_its_client_and_a_crash_is_never_replayed() {
 }
 
 #[test]
-fn a_second_runtime_on_the_directory_is_refused_task_tools_only() {
+fn a_second_runtime_on_the_directory_is_refused_task_tools_only_until_the_first_has_gone() {
     let e = env("lease");
     let mut a = e.spawn();
     let r = call_task_tool(&mut a, "list_tasks", json!({}));
@@ -263,6 +263,13 @@ fn a_second_runtime_on_the_directory_is_refused_task_tools_only() {
     let r = call_task_tool(&mut b, "invoke_action_background", download_args("x"));
     assert!(text(&r["result"]).contains("lease"), "{r}");
     assert!(!is_error(&b.call_modern("list_categories", json!({}), json!({}))));
+    // Once the first runtime has gone, the second takes the lease over at
+    // its next task call (no restart needed).
+    drop(a);
+    wait_until("the second runtime takes the lease over", || {
+        let r = call_task_tool(&mut b, "list_tasks", json!({}));
+        if r["result"]["isError"] == false { Ok(()) } else { Err(r.to_string()) }
+    });
 }
 
 #[test]

@@ -6,12 +6,15 @@
 //! outcome"). If that fails (another runtime holds the lease, the directory
 //! belongs to another configuration, a record is corrupt), the worker still
 //! serves, answering every request with the reason, so that the supervisor
-//! refuses task tools clearly while every other tool keeps working.
+//! refuses task tools clearly while every other tool keeps working. Only a
+//! missing lease is not final: every request tries to take it again, so a
+//! runtime that started while another held it (under `serve-http`, another
+//! session's tree) gets the task tools once that one has ended.
 
 pub mod store;
 
 use std::os::fd::OwnedFd;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use snowluma_proto::{JsonText, Reply, Request, TASKS_DIR_FD, TasksReply, TasksRequest, WorkerConfig, WorkerError};
 
@@ -20,13 +23,59 @@ use store::{StoreError, TaskRecord, TaskStore};
 
 pub struct TasksWorker {
     dir: Mutex<Option<OwnedFd>>,
-    store: OnceLock<Result<TaskStore, String>>,
+    state: Mutex<Option<State>>,
+}
+
+/// The store once configured.
+enum State {
+    Open(Arc<TaskStore>),
+    /// Another runtime holds the lease: tried again at every request.
+    Leased {
+        dir: OwnedFd,
+        config_digest: [u8; 32],
+    },
+    /// Any other failure is final (its reason is every request's answer).
+    Failed(String),
+}
+
+impl State {
+    fn opening(dir: OwnedFd, config_digest: [u8; 32]) -> State {
+        match TaskStore::open_or_wait(dir, &config_digest) {
+            Ok(store) => State::Open(Arc::new(store)),
+            Err((StoreError::Leased, Some(dir))) => State::Leased { dir, config_digest },
+            Err((e, _)) => {
+                tracing::warn!(error = %e, "the task store cannot be used");
+                State::Failed(e.to_string())
+            }
+        }
+    }
 }
 
 impl TasksWorker {
     /// Claims the inherited directory descriptor. Call once, at startup.
     pub fn from_inherited() -> TasksWorker {
-        TasksWorker { dir: Mutex::new(store::inherited_dir(TASKS_DIR_FD)), store: OnceLock::new() }
+        TasksWorker { dir: Mutex::new(store::inherited_dir(TASKS_DIR_FD)), state: Mutex::new(None) }
+    }
+
+    /// The open store, taking the lease first if another runtime held it
+    /// until now; or the reason why task requests are refused.
+    fn store(&self) -> Result<Arc<TaskStore>, String> {
+        let mut state = self.state.lock().map_err(|_| "the task store is unavailable".to_owned())?;
+        if let Some(State::Leased { .. }) = &*state
+            && let Some(State::Leased { dir, config_digest }) = state.take()
+        {
+            let next = State::opening(dir, config_digest);
+            if let State::Open(_) = next {
+                tracing::info!("the task directory's lease was free again and is now held by this runtime");
+            }
+            *state = Some(next);
+        }
+        match &*state {
+            Some(State::Open(store)) => Ok(store.clone()),
+            Some(State::Leased { .. }) => Err(StoreError::Leased.to_string()),
+            Some(State::Failed(reason)) => Err(reason.clone()),
+            None => Err("the task store is not configured".into()),
+        }
     }
 
     fn refused(e: &StoreError) -> TasksReply {
@@ -96,24 +145,28 @@ impl RoleHandler for TasksWorker {
             .map_err(|_| "the task directory descriptor is unavailable".to_owned())?
             .take()
             .ok_or_else(|| "no task directory descriptor".to_owned())?;
-        let opened = match TaskStore::open(dir, &config_digest) {
-            Ok(store) => Ok(store),
-            Err(e) => {
-                tracing::warn!(error = %e, "the task store cannot be used");
-                Err(e.to_string())
-            }
-        };
-        self.store.set(opened).map_err(|_| "already configured".to_owned())
+        let mut state = self.state.lock().map_err(|_| "the task store is unavailable".to_owned())?;
+        if state.is_some() {
+            return Err("already configured".into());
+        }
+        let opened = State::opening(dir, config_digest);
+        if let State::Leased { .. } = opened {
+            tracing::warn!(
+                "the task directory's lease is held by another snowluma-mcp runtime; \
+                 task tools are refused until it is free"
+            );
+        }
+        *state = Some(opened);
+        Ok(())
     }
 
     async fn handle(&self, request: Request, _ctx: Ctx) -> Reply {
         let Request::Tasks(req) = request else {
             return Reply::Error(WorkerError::Unsupported);
         };
-        Reply::Tasks(match self.store.get() {
-            Some(Ok(store)) => Self::serve(store, req),
-            Some(Err(reason)) => TasksReply::Refused { reason: reason.clone() },
-            None => TasksReply::Refused { reason: "the task store is not configured".into() },
+        Reply::Tasks(match self.store() {
+            Ok(store) => Self::serve(&store, req),
+            Err(reason) => TasksReply::Refused { reason },
         })
     }
 }

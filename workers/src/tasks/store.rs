@@ -122,20 +122,33 @@ fn openat(dir: BorrowedFd<'_>, name: &str, flags: OFlag, mode: u32) -> nix::Resu
 }
 
 impl TaskStore {
+    /// [`TaskStore::open_or_wait`] without the directory handed back (tests).
+    #[cfg(test)]
+    pub fn open(dir: OwnedFd, config_digest: &[u8; 32]) -> Result<TaskStore, StoreError> {
+        Self::open_or_wait(dir, config_digest).map_err(|(e, _)| e)
+    }
+
     /// Open the store in `dir` (a directory descriptor): take the lease and
     /// check or write the scope. The restart pass is [`TaskStore::fail_unfinished`].
-    pub fn open(dir: OwnedFd, config_digest: &[u8; 32]) -> Result<TaskStore, StoreError> {
-        check_private(dir.as_fd(), "the directory", true)?;
-        let lease =
-            openat(dir.as_fd(), LEASE_FILE, OFlag::O_RDWR | OFlag::O_CREAT, 0o600).map_err(nix_io("open lease"))?;
-        check_private(lease.as_fd(), "the lease file", false)?;
+    /// When only the lease is missing (another runtime holds it), the
+    /// directory is handed back, so that a later attempt can take the lease
+    /// over once that runtime has gone.
+    pub fn open_or_wait(dir: OwnedFd, config_digest: &[u8; 32]) -> Result<TaskStore, (StoreError, Option<OwnedFd>)> {
+        let lease = (|| {
+            check_private(dir.as_fd(), "the directory", true)?;
+            let lease =
+                openat(dir.as_fd(), LEASE_FILE, OFlag::O_RDWR | OFlag::O_CREAT, 0o600).map_err(nix_io("open lease"))?;
+            check_private(lease.as_fd(), "the lease file", false)?;
+            Ok(lease)
+        })()
+        .map_err(|e| (e, None))?;
         match lease.try_lock() {
             Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Err(StoreError::Leased),
-            Err(TryLockError::Error(e)) => return Err(StoreError::Io { op: "lock lease", source: e }),
+            Err(TryLockError::WouldBlock) => return Err((StoreError::Leased, Some(dir))),
+            Err(TryLockError::Error(e)) => return Err((StoreError::Io { op: "lock lease", source: e }, None)),
         }
         let store = TaskStore { dir, _lease: lease };
-        store.check_scope(config_digest)?;
+        store.check_scope(config_digest).map_err(|e| (e, None))?;
         Ok(store)
     }
 
@@ -413,6 +426,24 @@ mod tests {
         assert!(e.to_string().contains("lease"));
         drop(store);
         open(&p, 1).unwrap();
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+
+    #[test]
+    fn a_leased_directory_is_handed_back_for_a_later_attempt() {
+        let p = tempdir("lease-wait");
+        let (store, _) = open(&p, 1).unwrap();
+        let Err((e, Some(dir))) = TaskStore::open_or_wait(TaskStore::open_dir(&p).unwrap(), &[1; 32]) else {
+            panic!("the directory comes back while the lease is held");
+        };
+        assert!(matches!(e, StoreError::Leased), "{e}");
+        drop(store);
+        TaskStore::open_or_wait(dir, &[1; 32]).map_err(|(e, _)| e).unwrap();
+        // Other failures keep nothing to retry with.
+        let Err((e, None)) = TaskStore::open_or_wait(TaskStore::open_dir(&p).unwrap(), &[2; 32]) else {
+            panic!("a scope mismatch is final");
+        };
+        assert!(matches!(e, StoreError::ScopeMismatch), "{e}");
         std::fs::remove_dir_all(&p).unwrap();
     }
 
