@@ -1346,3 +1346,343 @@ fn memory_contains(pid: i32, needle: &[u8]) -> Option<bool> {
     }
     read_any.then_some(false)
 }
+
+// ---------------------------------------------------------------------------
+// Persistent background transfers (the tasks extension) over serve-http.
+
+/// A write-mode server with stream, upload and task directories in `dir`.
+struct TaskServer {
+    s: Server,
+    fake: Fake,
+    dir: PathBuf,
+}
+
+fn task_server(name: &str, extra: &[&str]) -> TaskServer {
+    let dir = temp_dir(name);
+    std::fs::create_dir_all(dir.join("uploads")).unwrap();
+    let fake = Fake::start(Some("t"));
+    let url = fake.fake.url();
+    let (sd, ur, td) = (dir.join("downloads"), dir.join("uploads"), dir.join("tasks"));
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_STREAM_DIR", sd.to_str().unwrap()),
+        ("SNOWLUMA_MCP_UPLOAD_ROOT", ur.to_str().unwrap()),
+        ("SNOWLUMA_MCP_TASK_DIR", td.to_str().unwrap()),
+    ];
+    let s = Server::start(&dir, &env, extra);
+    TaskServer { s, fake, dir }
+}
+
+fn tasks_meta() -> Value {
+    modern_meta_with(json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}))
+}
+
+fn task_download(file: &str) -> Value {
+    json!({"action": "download_file_stream", "params": {"file": file, "chunk_size": 1000}})
+}
+
+impl TaskServer {
+    /// A modern request declaring the tasks extension, on `client` (its own
+    /// connection pool) or the server's client; the single JSON message.
+    fn tasks_on(&self, client: Option<&reqwest::Client>, token: &str, method: &str, params: Value) -> Value {
+        let mut params = params;
+        params["_meta"] = tasks_meta();
+        let name = params.get("name").and_then(Value::as_str).map(str::to_owned);
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let client = client.unwrap_or(&self.s.client);
+        self.s.rt.block_on(async {
+            let mut req = client
+                .post(self.s.url())
+                .header("authorization", format!("Bearer {token}"))
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", MODERN)
+                .header("mcp-method", method);
+            if let Some(n) = &name {
+                req = req.header("mcp-name", n);
+            }
+            let resp = req.body(serde_json::to_vec(&body).unwrap()).send().await.unwrap();
+            let status = resp.status().as_u16();
+            let headers = resp.headers().clone();
+            let reply = Reply::new(status, headers, resp.text().await.unwrap());
+            reply.messages.iter().rev().find(|m| m.get("id").is_some()).cloned().unwrap_or_else(|| panic!("{reply:?}"))
+        })
+    }
+
+    fn tasks(&self, token: &str, method: &str, params: Value) -> Value {
+        self.tasks_on(None, token, method, params)
+    }
+
+    fn tool(&self, token: &str, tool: &str, args: Value) -> Value {
+        self.tasks(token, "tools/call", json!({"name": tool, "arguments": args}))
+    }
+
+    /// `invoke_action_background`: the task handle's id.
+    fn start_task(&self, client: Option<&reqwest::Client>, token: &str, args: Value) -> String {
+        let r =
+            self.tasks_on(client, token, "tools/call", json!({"name": "invoke_action_background", "arguments": args}));
+        let res = r.get("result").unwrap_or_else(|| panic!("{r}"));
+        assert_eq!(res["resultType"], "task", "{res}");
+        assert_eq!(res["status"], "working", "{res}");
+        assert_eq!(res["pollIntervalMs"], 1000);
+        assert!(res.get("ttlMs").is_some_and(Value::is_null), "{res}");
+        res["taskId"].as_str().unwrap().to_owned()
+    }
+
+    fn actions_sent(&self, action: &str) -> usize {
+        self.fake.fake.requests().iter().filter(|q| q.action.as_deref() == Some(action)).count()
+    }
+}
+
+impl Drop for TaskServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn sorted_keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+    k.sort();
+    k
+}
+
+fn tool_names(list: &Value) -> Vec<String> {
+    list["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_owned()).collect()
+}
+
+/// A modern client that declares the extension starts a background download
+/// and polls `tasks/get` (one HTTP request each, every other one on a new
+/// connection) until it completes: the result has the synchronous shape,
+/// `list_tasks` lists it, SnowLuma saw the action once, and one tree served
+/// every request.
+#[test]
+fn a_background_download_over_http_is_polled_to_completion_across_connections() {
+    let t = task_server("tasks-poll", &[]);
+    let data = vec![7u8; 5000];
+    t.fake.fake.add_file("pic.png", data.clone());
+    // Only a request declaring the extension sees the task tools.
+    let plain = t.s.modern(ALICE, 1, "tools/list", None, json!({}));
+    assert!(!tool_names(plain.last()).contains(&"invoke_action_background".to_owned()));
+    let declared = t.tasks(ALICE, "tools/list", json!({}));
+    assert!(tool_names(&declared).contains(&"invoke_action_background".to_owned()), "{declared}");
+    assert!(tool_names(&declared).contains(&"list_tasks".to_owned()));
+
+    let sync = t.tool(ALICE, "invoke_action", task_download("pic.png"));
+    assert!(!is_error(&sync["result"]), "{sync}");
+    t.fake.fake.clear_requests();
+    t.fake.fake.set_fault("download_file_stream", snowluma_fake::Fault::Delay(std::time::Duration::from_millis(500)));
+
+    let id = t.start_task(None, ALICE, task_download("pic.png"));
+    let mut polls = 0u32;
+    let done = wait_until("the task completes", || {
+        polls += 1;
+        let fresh = polls.is_multiple_of(2).then(|| t.s.client_for_another_connection());
+        let r = t.tasks_on(fresh.as_ref(), ALICE, "tasks/get", json!({"taskId": id}));
+        let task = r.get("result").unwrap_or_else(|| panic!("{r}")).clone();
+        assert_eq!(task["taskId"], id.as_str());
+        (task["status"] != "working").then_some(task)
+    });
+    assert_eq!(done["status"], "completed", "{done}");
+    let result = &done["result"];
+    let sync = &sync["result"];
+    assert_eq!(sorted_keys(result), sorted_keys(sync), "{result}");
+    assert_eq!(sorted_keys(&result["structuredContent"]), sorted_keys(&sync["structuredContent"]));
+    assert_eq!(sorted_keys(&result["structuredContent"]["result"]), sorted_keys(&sync["structuredContent"]["result"]));
+    assert_eq!(result["structuredContent"]["result"]["sha256"], snowluma_fake::sha256::digest_hex(&data));
+    assert_eq!(result["isError"], false);
+    assert_eq!(t.actions_sent("download_file_stream"), 1, "exactly one request for the action");
+
+    let page = t.tool(ALICE, "list_tasks", json!({}));
+    assert_eq!(page["result"]["isError"], false, "{page}");
+    let tasks = page["result"]["structuredContent"]["result"]["tasks"].as_array().unwrap().clone();
+    assert_eq!(tasks.len(), 1, "{page}");
+    assert_eq!(tasks[0]["taskId"], id.as_str());
+    assert_eq!(tasks[0]["status"], "completed");
+    assert!(tasks[0].get("result").is_none(), "metadata only: {page}");
+    // Every request, whatever its connection, reached alice's one tree.
+    assert_eq!(t.s.session_pids().len(), 1);
+}
+
+/// A task outlives the connection that started it: the client goes away
+/// while SnowLuma is still answering, and a new connection of the same
+/// token later reads the completed task. With a short idle timeout the tree
+/// itself expires mid-transfer: it finishes the transfer before it exits,
+/// and the next request's new tree reads the result from the directory.
+#[test]
+fn a_background_transfer_outlives_its_connection_and_its_tree() {
+    let t = task_server("tasks-gone", &["--idle-timeout", "1"]);
+    t.fake.fake.add_file("slow.bin", vec![5u8; 64]);
+    // SnowLuma answers after 3 s: the tree expires (1 s idle) meanwhile, and
+    // the transfer ends well within the 10 s the launcher grants a tree that
+    // was let go.
+    t.fake.fake.set_fault("download_file_stream", snowluma_fake::Fault::Delay(std::time::Duration::from_secs(3)));
+    let first = t.s.client_for_another_connection();
+    let id = t.start_task(Some(&first), ALICE, task_download("slow.bin"));
+    wait_until("the download reaches SnowLuma", || (t.actions_sent("download_file_stream") == 1).then_some(()));
+    let tree = t.s.session_pids();
+    assert_eq!(tree.len(), 1);
+    let mut pids = descendants(tree[0]);
+    pids.push(tree[0]);
+    // The client goes away (its connection closes) while the transfer runs.
+    drop(first);
+    // Nothing in flight for a client, no stream: the tree expires after a
+    // second, its stdin is closed, and it waits for its transfer.
+    wait_until("the idle tree is let go", || t.s.stderr_text().contains("an idle session expired").then_some(()));
+    // The client comes back on a new connection at once: a new tree, the
+    // same directory. While the old tree finishes, it holds the lease and
+    // the new tree's task calls name it; then the new tree takes the lease
+    // over and reads the result the old one saved.
+    let task = wait_until("the new tree reads the finished task", || {
+        let later = t.s.client_for_another_connection();
+        let r = t.tasks_on(Some(&later), ALICE, "tasks/get", json!({"taskId": id}));
+        if let Some(e) = r.get("error") {
+            assert!(e["message"].as_str().unwrap().contains("lease"), "{r}");
+            return Err(r.to_string());
+        }
+        let task = r["result"].clone();
+        assert_ne!(task["status"], "working", "the old tree released the lease after its transfer: {task}");
+        Ok(task)
+    });
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["result"]["structuredContent"]["diagnostics"]["outcome"], "success", "{task}");
+    assert_eq!(task["result"]["structuredContent"]["result"]["sha256"], snowluma_fake::sha256::digest_hex(&[5u8; 64]));
+    assert_eq!(t.actions_sent("download_file_stream"), 1, "nothing sent again");
+    wait_until("the old tree has exited", || {
+        let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    });
+    let trees = t.s.session_pids();
+    assert_eq!(trees.len(), 1);
+    assert_ne!(trees[0], tree[0], "a new tree read it");
+}
+
+/// A transfer still running when the launcher's 10 s grace after its tree
+/// expired is over dies with the tree's process group: the next tree reads
+/// it as failed with an unknown remote outcome, and nothing is sent again.
+#[test]
+fn a_background_transfer_outlasting_its_expired_tree_reads_failed_with_an_unknown_outcome() {
+    let t = task_server("tasks-killed", &["--idle-timeout", "1"]);
+    t.fake.fake.set_fault("download_file_stream", snowluma_fake::Fault::Hang);
+    let id = t.start_task(None, ALICE, task_download("never.bin"));
+    wait_until("the download reaches SnowLuma", || (t.actions_sent("download_file_stream") == 1).then_some(()));
+    wait_until("the idle tree is let go and killed", || {
+        t.s.stderr_text().contains("its process group was killed").then_some(())
+    });
+    let r = wait_until("a new tree gets the lease", || {
+        let r = t.tasks(ALICE, "tasks/get", json!({"taskId": id}));
+        if r.get("error").is_some() { Err(r.to_string()) } else { Ok(r) }
+    });
+    let task = &r["result"];
+    assert_eq!(task["status"], "failed", "{task}");
+    assert!(task["error"]["message"].as_str().unwrap().contains("unknown remote outcome"), "{task}");
+    assert_eq!(t.actions_sent("download_file_stream"), 1, "never replayed");
+}
+
+/// Every tree in write mode runs its own task store on the same directory,
+/// and the directory has one exclusive lease. The tree that holds it serves
+/// the task tools; in every other tree (another token, or a legacy session)
+/// `list_tasks` and `invoke_action_background` are tool errors naming the
+/// lease, `tasks/get` is an internal error naming it, nothing is created,
+/// and every other tool works. A legacy tree cannot use tasks at all, yet
+/// holds the lease if it started first (see the next test).
+#[test]
+fn the_task_directory_lease_serves_one_tree_at_a_time() {
+    let t = task_server("tasks-lease", &[]);
+    t.fake.fake.add_file("f.bin", vec![3u8; 100]);
+    // Alice's modern tree is first: it holds the lease.
+    let id = t.start_task(None, ALICE, task_download("f.bin"));
+    wait_until("alice's task completes", || {
+        let r = t.tasks(ALICE, "tasks/get", json!({"taskId": id}));
+        (r["result"]["status"] == "completed").then_some(())
+    });
+    let refused_tool = |r: &Value| {
+        assert_eq!(r["result"]["isError"], true, "{r}");
+        let msg = text(&r["result"]);
+        assert!(msg.contains("lease is held by another snowluma-mcp runtime"), "{r}");
+    };
+    // Bob's tree: the task tools are listed but refused, naming the lease.
+    assert!(tool_names(&t.tasks(BOB, "tools/list", json!({}))).contains(&"invoke_action_background".to_owned()));
+    refused_tool(&t.tool(BOB, "list_tasks", json!({})));
+    refused_tool(&t.tool(BOB, "invoke_action_background", task_download("f.bin")));
+    let r = t.tasks(BOB, "tasks/get", json!({"taskId": id}));
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("lease"), "{r}");
+    for method in ["tasks/cancel", "tasks/update"] {
+        let r = t.tasks(BOB, method, json!({"taskId": id, "inputResponses": {}}));
+        assert_eq!(r["error"]["code"], -32603, "{method}: {r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains("lease"), "{method}: {r}");
+    }
+    let other = t.tool(BOB, "list_categories", json!({}));
+    assert!(!is_error(&other["result"]), "{other}");
+    assert_eq!(t.actions_sent("download_file_stream"), 1, "nothing ran for bob");
+    // Alice's tree is unaffected.
+    let page = t.tool(ALICE, "list_tasks", json!({}));
+    assert_eq!(page["result"]["structuredContent"]["result"]["tasks"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(t.s.session_pids().len(), 2);
+
+    // A legacy session in write mode: no task tools and no task methods.
+    let sid = t.s.initialize(BOB);
+    let list = t.s.post(
+        Some(BOB),
+        Some(&sid),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    );
+    let names = tool_names(list.last());
+    assert!(!names.iter().any(|n| n == "invoke_action_background" || n == "list_tasks"), "{names:?}");
+    let r = t.s.post(
+        Some(BOB),
+        Some(&sid),
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": id}}),
+    );
+    assert!(r.last().get("error").is_some(), "{r:?}");
+
+    assert_eq!(t.s.delete(BOB, &sid), 200);
+}
+
+/// A legacy session that starts first holds the task directory's lease
+/// although it cannot use tasks: a modern client's task calls are refused
+/// while it lives, and succeed once it has ended.
+#[test]
+fn a_legacy_session_started_first_holds_the_task_lease_until_it_ends() {
+    let t = task_server("tasks-lease-legacy", &[]);
+    t.fake.fake.add_file("f.bin", vec![3u8; 100]);
+    let sid = t.s.initialize(BOB);
+    let legacy = t.s.session_pids();
+    assert_eq!(legacy.len(), 1);
+    wait_until("the legacy tree's task store holds the lease", || lease_held(&t.dir).then_some(()));
+    let r = t.tool(ALICE, "list_tasks", json!({}));
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(text(&r["result"]).contains("lease"), "{r}");
+    // The legacy session ends; its tree exits and releases the lease.
+    let mut pids = descendants(legacy[0]);
+    pids.push(legacy[0]);
+    assert_eq!(t.s.delete(BOB, &sid), 200);
+    wait_until("the legacy tree exits", || {
+        let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    });
+    // Alice's running tree takes the lease over at its next task call.
+    let r = t.tool(ALICE, "list_tasks", json!({}));
+    assert_eq!(r["result"]["isError"], false, "{r}");
+    let id = t.start_task(None, ALICE, task_download("f.bin"));
+    let done = wait_until("the task completes", || {
+        let r = t.tasks(ALICE, "tasks/get", json!({"taskId": id}));
+        (r["result"]["status"] != "working").then(|| r["result"].clone())
+    });
+    assert_eq!(done["status"], "completed", "{done}");
+}
+
+/// Whether someone holds the flock on the task directory's lease file
+/// (`/proc/locks` names its inode).
+fn lease_held(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(dir.join("tasks").join("lease")) else { return false };
+    let suffix = format!(":{}", meta.ino());
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains("FLOCK") && l.split_whitespace().any(|f| f.ends_with(&suffix)))
+}
