@@ -8,6 +8,9 @@
 //! [`BoundedOutput`]; helper threads through [`join`].
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+pub mod procfs;
+pub use procfs::{alive, children, cmdline, descendants, memory_contains, status_field};
+
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -397,17 +400,6 @@ impl Mcp {
 
     /// Pids of the supervisor's descendants (the spawner and the workers it started).
     pub fn worker_pids(&self) -> Vec<i32> {
-        fn children(pid: i32) -> Vec<i32> {
-            let mut out = Vec::new();
-            if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-                for t in tasks.flatten() {
-                    if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
-                        out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-                    }
-                }
-            }
-            out
-        }
         let mut out = Vec::new();
         let mut queue = children(self.child.id() as i32);
         while let Some(p) = queue.pop() {

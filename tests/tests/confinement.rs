@@ -11,15 +11,6 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 use snowluma_e2e::*;
 
-fn status_field(pid: i32, field: &str) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|v| v.trim().to_owned())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
-}
-
 #[test]
 fn doctor_blocks_every_escape_probe_for_every_role() {
     let out = Command::new(bin_path()).args(["doctor", "--json"]).env_clear().bounded_output().unwrap();
@@ -145,35 +136,6 @@ fn the_supervisor_and_the_spawner_keep_no_capability() {
     // The workers the spawner starts through its descriptor still serve.
     let r = s.call("query_action", json!({"action": "get_status"}));
     assert_eq!(structured(&r)["diagnostics"]["kind"], "transport", "{r}");
-}
-
-/// Readable, writable mappings of a process (its heap and stacks).
-fn memory_contains(pid: i32, needle: &[u8]) -> Option<bool> {
-    use std::io::{Read, Seek, SeekFrom};
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-    let mut read_any = false;
-    for line in maps.lines() {
-        let mut parts = line.split_whitespace();
-        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else { continue };
-        if !perms.starts_with("rw") {
-            continue;
-        }
-        let (a, b) = range.split_once('-').unwrap();
-        let (a, b) = (u64::from_str_radix(a, 16).unwrap(), u64::from_str_radix(b, 16).unwrap());
-        if b - a > 256 << 20 {
-            continue;
-        }
-        let mut buf = vec![0u8; (b - a) as usize];
-        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
-            continue;
-        }
-        read_any = true;
-        if buf.windows(needle.len()).any(|w| w == needle) {
-            return Some(true);
-        }
-    }
-    read_any.then_some(false)
 }
 
 fn spawner_pid(s: &Mcp) -> i32 {
