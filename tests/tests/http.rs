@@ -1450,10 +1450,10 @@ fn a_background_download_over_http_is_polled_to_completion_across_connections() 
 fn a_background_transfer_outlives_its_connection_and_its_tree() {
     let t = task_server("tasks-gone", &["--idle-timeout", "1"]);
     t.fake.fake.add_file("slow.bin", vec![5u8; 64]);
-    // SnowLuma answers after 3 s: the tree expires (1 s idle) meanwhile, and
-    // the transfer ends well within the 10 s the launcher grants a tree that
-    // was let go.
-    t.fake.fake.set_fault("download_file_stream", snowluma_fake::Fault::Delay(std::time::Duration::from_secs(3)));
+    // SnowLuma answers after 12 s: the tree expires (1 s idle) meanwhile, and
+    // the transfer goes on past the 10 s grace a revoked token's tree gets:
+    // a tree that was let go is left to finish its background transfers.
+    t.fake.fake.set_fault("download_file_stream", snowluma_fake::Fault::Delay(std::time::Duration::from_secs(12)));
     let first = t.s.client_for_another_connection();
     let id = t.start_task(Some(&first), ALICE, task_download("slow.bin"));
     wait_until("the download reaches SnowLuma", || (t.actions_sent("download_file_stream") == 1).then_some(()));
@@ -1492,22 +1492,25 @@ fn a_background_transfer_outlives_its_connection_and_its_tree() {
     let trees = t.s.session_pids();
     assert_eq!(trees.len(), 1);
     assert_ne!(trees[0], tree[0], "a new tree read it");
+    assert!(!t.s.stderr_text().contains("its process group was killed"), "the old tree ended by itself");
 }
 
-/// A transfer still running when the launcher's 10 s grace after its tree
-/// expired is over dies with the tree's process group: the next tree reads
-/// it as failed with an unknown remote outcome, and nothing is sent again.
+/// A revoked token's tree is killed 10 s after the revocation, background
+/// transfers included: another token's tree then reads the task as failed
+/// with an unknown remote outcome, and nothing is sent again.
 #[test]
-fn a_background_transfer_outlasting_its_expired_tree_reads_failed_with_an_unknown_outcome() {
-    let t = task_server("tasks-killed", &["--idle-timeout", "1"]);
+fn a_revoked_tokens_tree_is_killed_with_its_transfer_which_reads_unknown() {
+    let t = task_server("tasks-revoked", &[]);
     t.fake.fake.set_fault("download_file_stream", snowluma_fake::Fault::Hang);
     let id = t.start_task(None, ALICE, task_download("never.bin"));
     wait_until("the download reaches SnowLuma", || (t.actions_sent("download_file_stream") == 1).then_some(()));
-    wait_until("the idle tree is let go and killed", || {
+    write_private(&t.dir.join("tokens"), &format!("bob:{BOB}\n"));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(t.s.child.id() as i32), nix::sys::signal::SIGHUP).unwrap();
+    wait_until("the revoked token's tree is killed", || {
         t.s.stderr_text().contains("its process group was killed").then_some(())
     });
-    let r = wait_until("a new tree gets the lease", || {
-        let r = t.tasks(ALICE, "tasks/get", json!({"taskId": id}));
+    let r = wait_until("bob's tree gets the lease", || {
+        let r = t.tasks(BOB, "tasks/get", json!({"taskId": id}));
         if r.get("error").is_some() { Err(r.to_string()) } else { Ok(r) }
     });
     let task = &r["result"];

@@ -61,8 +61,10 @@ pub enum ToLauncher {
     /// Start a session tree for this principal.
     Spawn { req: u64, token_id: String, peer: String },
     /// The front closed the session's socket: reap it, and kill its process
-    /// group if it has not exited after the grace period.
-    End { session: u64 },
+    /// group if it has not exited in time: soon when its token was revoked
+    /// (`revoked`), otherwise only after the long limit (it may be finishing
+    /// background transfers, which outlive their client by design).
+    End { session: u64, revoked: bool },
 }
 
 #[derive(Debug, thiserror::Error)]

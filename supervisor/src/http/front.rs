@@ -534,6 +534,12 @@ async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<
 /// Let a tree go (once): cancel its calls, close its stdin, tell the
 /// launcher, release its place.
 async fn end_tree(shared: &Arc<Shared>, tree: &Arc<Tree>) {
+    end_tree_as(shared, tree, false).await;
+}
+
+/// [`end_tree`]; `revoked`: its token was revoked, so the launcher kills
+/// what is left of it after a short grace, background transfers included.
+async fn end_tree_as(shared: &Arc<Shared>, tree: &Arc<Tree>, revoked: bool) {
     let was_live = shared
         .trees
         .lock()
@@ -556,7 +562,7 @@ async fn end_tree(shared: &Arc<Shared>, tree: &Arc<Tree>) {
         {
             u.sessions = u.sessions.saturating_sub(1);
         }
-        let _ = shared.control.send(&ToLauncher::End { session: tree.session }, None).await;
+        let _ = shared.control.send(&ToLauncher::End { session: tree.session, revoked }, None).await;
     }
 }
 
@@ -569,12 +575,12 @@ async fn control_loop(shared: Arc<Shared>) {
                     Some(w) => {
                         if let Err(Some((_, fd))) = w.send(Some((session, fd))) {
                             drop(fd);
-                            let _ = shared.control.send(&ToLauncher::End { session }, None).await;
+                            let _ = shared.control.send(&ToLauncher::End { session, revoked: false }, None).await;
                         }
                     }
                     None => {
                         drop(fd);
-                        let _ = shared.control.send(&ToLauncher::End { session }, None).await;
+                        let _ = shared.control.send(&ToLauncher::End { session, revoked: false }, None).await;
                     }
                 }
             }
@@ -602,7 +608,7 @@ async fn control_loop(shared: Arc<Shared>) {
                     .map(|t| t.iter().filter(|x| revoked.contains(&x.token_id)).cloned().collect())
                     .unwrap_or_default();
                 for t in ending {
-                    end_tree(&shared, &t).await;
+                    end_tree_as(&shared, &t, true).await;
                 }
             }
             Ok((ToFront::Exited { session }, _)) => {

@@ -20,9 +20,15 @@ use super::control::{Channel, FrontSetup, ToFront, ToLauncher};
 use super::options::{self, Listen};
 use crate::config::{Cli, Config, ServeHttpArgs};
 
-/// How long a session may take to finish its calls after its socket closed
-/// before its process group is killed.
+/// How long a session may take to end after its socket closed before its
+/// process group is killed, when its token was revoked or serve-http stops.
 const GRACE: Duration = Duration::from_secs(10);
+/// The same for every other end (DELETE, idle expiry, a closed connection,
+/// eviction). The front has cancelled the session's calls and closed its
+/// stdin, so the session exits as soon as its background transfers (which
+/// outlive their client by design) are done; every read and call has its
+/// own timeout. This limit only reaps a session that somehow does not.
+const ENDED_LIMIT: Duration = Duration::from_secs(3600);
 /// The request body limit: the stdio server's line limit.
 pub const MAX_BODY: usize = 8 * 1024 * 1024;
 
@@ -308,11 +314,12 @@ async fn serve(
                                 }
                             }
                         }
-                        Ok((ToLauncher::End { session }, _)) => {
+                        Ok((ToLauncher::End { session, revoked }, _)) => {
                             if let Some(s) = sessions.get(&session) {
                                 let pid = s.pid;
+                                let limit = if revoked { GRACE } else { ENDED_LIMIT };
                                 tokio::task::spawn_local(async move {
-                                    tokio::time::sleep(GRACE).await;
+                                    tokio::time::sleep(limit).await;
                                     // The group outlives its leader only if a
                                     // member survives; ESRCH is the normal case.
                                     if killpg(pid, Signal::SIGKILL).is_ok() {
