@@ -848,12 +848,6 @@ fn the_front_is_confined_and_serves_a_unix_socket() {
     let front = wait_until("the front runs", || {
         children(launcher).into_iter().find(|p| cmdline(*p).contains("__snowluma-http-front"))
     });
-    let status = std::fs::read_to_string(format!("/proc/{front}/status")).unwrap();
-    for want in ["Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000"] {
-        assert!(status.contains(want), "{want}: {status}");
-    }
-    let environ = std::fs::read(format!("/proc/{front}/environ")).unwrap_or_default();
-    assert!(environ.is_empty(), "the front starts with an empty environment");
     let body = serde_json::to_vec(
         &json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": modern_meta()}}),
     )
@@ -868,6 +862,14 @@ fn the_front_is_confined_and_serves_a_unix_socket() {
     let mut text = String::new();
     std::io::Read::read_to_string(&mut conn, &mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    // It has served a request, so it has confined itself (it does so
+    // before it accepts; right after its exec it is not confined yet).
+    let status = std::fs::read_to_string(format!("/proc/{front}/status")).unwrap();
+    for want in ["Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000"] {
+        assert!(status.contains(want), "{want}: {status}");
+    }
+    let environ = std::fs::read(format!("/proc/{front}/environ")).unwrap_or_default();
+    assert!(environ.is_empty(), "the front starts with an empty environment");
     assert!(text.contains("supportedVersions"), "{text}");
     // Neither the SnowLuma token nor an access token nobody presented is in
     // the front's memory (it got digests); the session tree's supervisor
