@@ -395,7 +395,22 @@ async fn run(
                 Ok(FilesReply::Created { token }) => token,
                 Ok(FilesReply::Refused { reason }) => return ToolReply::fail(FailureKind::Execution, reason),
                 Ok(_) => return ToolReply::fail(FailureKind::Execution, "unexpected answer to a download create"),
-                Err(r) => return r,
+                Err(r) => {
+                    // The worker may have created the `.part` file and died
+                    // before its answer (with the token) reached us: nobody
+                    // could abort it by token. Once the descriptor it may
+                    // have sent is dropped, nothing holds the file's lock, so
+                    // its successor's sweep removes it (live downloads are
+                    // locked and stay).
+                    drop(tag);
+                    if let Ok(FilesReply::Swept { removed }) =
+                        files_call(files, FilesRequest::SweepStaleParts, &CancellationToken::new()).await
+                        && removed > 0
+                    {
+                        tracing::info!(removed, "removed a partial download whose creation was not confirmed");
+                    }
+                    return r;
+                }
             };
             // Cleanup runs even when the call itself was cancelled.
             let abort = |token: String| async move {
