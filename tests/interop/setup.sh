@@ -34,6 +34,8 @@ need() {
 need node nodejs
 need npm npm
 need python3 "python3 python3-venv"
+# serve-http's TLS tests make their test certificates with it.
+need openssl openssl
 node_major="$(node -p 'process.versions.node.split(".")[0]')"
 if [ "$node_major" -lt 20 ]; then
     echo "interop setup: Node >= 20 is required (found $(node --version)); install a newer nodejs" >&2
