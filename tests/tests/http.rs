@@ -843,6 +843,16 @@ fn the_front_is_confined_and_serves_a_unix_socket() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
+    // A failed assertion must not leave the server running.
+    struct StopOnPanic(i32);
+    impl Drop for StopOnPanic {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), nix::sys::signal::SIGTERM);
+            }
+        }
+    }
+    let _stop = StopOnPanic(child.id() as i32);
     wait_until("the socket exists", || sock.exists().then_some(()));
     let launcher = child.id() as i32;
     let front = wait_until("the front runs", || {
