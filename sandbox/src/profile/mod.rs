@@ -17,10 +17,11 @@ pub mod spawner;
 pub mod supervisor;
 pub mod worker;
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 
 use crate::landlock::{LandlockError, LandlockReport, PINNED_ABI_NUMBER};
 use crate::seccomp::SeccompError;
+use crate::{fds, rlimits};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfineError {
@@ -94,6 +95,38 @@ fn finish(
         rlimit_core_zero: true,
         capabilities: "none",
     })
+}
+
+/// The first step of a re-executed process (a worker, the HTTP front), at
+/// its very start: name it for ps/top/journal, close every descriptor but
+/// `keep`, no core dumps, no capabilities, then [`harden`].
+fn prepare(name: &str, keep: &[RawFd]) -> Result<(), ConfineError> {
+    if let Ok(c) = std::ffi::CString::new(name) {
+        let _ = nix::sys::prctl::set_name(&c);
+    }
+    fds::close_all_except(keep).map_err(ConfineError::Fds)?;
+    rlimits::drop_capabilities().map_err(|source| ConfineError::Prctl { what: "capset", source })?;
+    harden()
+}
+
+/// No core dumps, no new privileges, not dumpable; then the process must be
+/// single-threaded (`check_threads`), as Landlock and seccomp restrict only
+/// the calling thread. Idempotent: [`prepare`] and every confinement entry
+/// run it, so that no caller can skip it.
+fn harden() -> Result<(), ConfineError> {
+    rlimits::apply().map_err(ConfineError::Rlimit)?;
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|source| ConfineError::Prctl { what: "PR_SET_NO_NEW_PRIVS", source })?;
+    nix::sys::prctl::set_dumpable(false).map_err(|source| ConfineError::Prctl { what: "PR_SET_DUMPABLE", source })
+}
+
+/// [`harden`], then refuse to confine a process with more than one thread.
+fn harden_single_threaded() -> Result<(), ConfineError> {
+    harden()?;
+    match worker::thread_count() {
+        Some(n) if n != 1 => Err(ConfineError::Threads(n)),
+        _ => Ok(()),
+    }
 }
 
 fn open(path: &str, what: &'static str) -> Result<OwnedFd, ConfineError> {

@@ -16,9 +16,9 @@ use serde::Serialize;
 use snowluma_proto::Role;
 
 use super::ConfineError;
-use crate::fds::{self, FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, TASKS_DIR_FD, WORKER_IPC_FD};
+use crate::fds::{FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, TASKS_DIR_FD, WORKER_IPC_FD};
 use crate::landlock::{self, Enforcement, LandlockReport};
-use crate::{policy, rlimits, seccomp};
+use crate::{policy, seccomp};
 
 /// The argv element that lets a worker start when confinement cannot be
 /// fully enforced (the supervisor passes it only with
@@ -147,36 +147,16 @@ pub fn thread_count() -> Option<usize> {
 /// thread; its epoll, eventfd and signal socketpair are created here, while
 /// `socketpair` is still allowed) and finally call [`confine_worker`].
 pub fn prepare_worker(role: Role) -> Result<(), ConfineError> {
-    // A readable process name for ps/top/journal (the exec path is a /proc fd).
-    let name = format!("snowluma-{}", role.as_str());
-    if let Ok(c) = std::ffi::CString::new(name) {
-        let _ = nix::sys::prctl::set_name(&c);
-    }
     let mut keep: Vec<RawFd> = vec![0, 1, 2, WORKER_IPC_FD];
     keep.extend_from_slice(policy::kept_fds(role));
-    fds::close_all_except(&keep).map_err(ConfineError::Fds)?;
-    rlimits::apply().map_err(ConfineError::Rlimit)?;
-    rlimits::drop_capabilities().map_err(|source| ConfineError::Prctl { what: "capset", source })?;
-    nix::sys::prctl::set_no_new_privs()
-        .map_err(|source| ConfineError::Prctl { what: "PR_SET_NO_NEW_PRIVS", source })?;
-    nix::sys::prctl::set_dumpable(false).map_err(|source| ConfineError::Prctl { what: "PR_SET_DUMPABLE", source })?;
-    Ok(())
+    super::prepare(&format!("snowluma-{}", role.as_str()), &keep)
 }
 
 /// Confine the calling worker process according to its role's policy and
 /// `grants`: Landlock, then seccomp. The process must be single-threaded
 /// and [`prepare_worker`]ed.
 pub fn confine_worker(role: Role, grants: &Grants) -> Result<WorkerReport, ConfineError> {
-    // Idempotent; repeated so that no caller can skip them.
-    rlimits::apply().map_err(ConfineError::Rlimit)?;
-    nix::sys::prctl::set_no_new_privs()
-        .map_err(|source| ConfineError::Prctl { what: "PR_SET_NO_NEW_PRIVS", source })?;
-    nix::sys::prctl::set_dumpable(false).map_err(|source| ConfineError::Prctl { what: "PR_SET_DUMPABLE", source })?;
-    if let Some(n) = thread_count()
-        && n != 1
-    {
-        return Err(ConfineError::Threads(n));
-    }
+    super::harden_single_threaded()?;
     let mut grant = landlock::Grant { connect_tcp: Vec::new(), fs: Vec::new() };
     match role {
         Role::Network => grant.connect_tcp = grants.tcp_ports.clone(),
