@@ -465,6 +465,50 @@ pub fn text(r: &Value) -> String {
     r["content"][0]["text"].as_str().unwrap_or_default().to_owned()
 }
 /// Run a fake SnowLuma on its own runtime thread for the life of the handle.
+/// What a write-mode interoperability run (`who`, `sessions` sessions, of
+/// which `completed` finished an input round) must have done to SnowLuma
+/// and the download directory `dir`: each write, download and slow call
+/// exactly once per session, the completed write with its merged params, the
+/// cancelled call's connection closed, and exactly the downloaded files,
+/// complete.
+pub fn assert_interop_write_run(fake: &Fake, who: &str, sessions: usize, completed: usize, dir: &std::path::Path) {
+    let n = sessions;
+    let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
+    let count = |name: &str| actions.iter().filter(|a| *a == name).count();
+    // The completed write: group_id from the call, message from the answer.
+    let merged = json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}});
+    let sends: Vec<Value> = fake
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.action.as_deref() == Some("send_group_msg"))
+        .map(|r| r.json().unwrap_or(Value::Null))
+        .collect();
+    assert_eq!(
+        sends.iter().filter(|b| **b == merged).count(),
+        completed,
+        "{who}: the completed write went out exactly once per session, with the merged params: {sends:?}"
+    );
+    assert_eq!(
+        count("send_group_msg"),
+        n + completed,
+        "{who}: each write went out exactly once per session: {actions:?}"
+    );
+    assert_eq!(count("download_file_stream"), n, "{who}: one download per session: {actions:?}");
+    assert_eq!(count("get_group_list"), n, "{who}: the slow call went out once per session: {actions:?}");
+    // The cancelled call's request was abandoned: its connection closed.
+    let closed = fake.rt.block_on(fake.fake.wait_closed_while_pending("get_group_list", Duration::from_secs(30)));
+    assert!(closed, "{who}: cancelling the slow call closes its connection to SnowLuma");
+    let files: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(files.len(), n, "{who}: exactly the downloaded files, no partial file: {files:?}");
+    let expect: Vec<u8> = (0..snowluma_fake::INTEROP_FILE_BYTES).map(|i| (i % 251) as u8).collect();
+    for f in &files {
+        let bytes = std::fs::read(dir.join(f)).unwrap();
+        assert!(bytes == expect, "{who}: the downloaded file is complete and exact");
+    }
+}
+
 pub struct Fake {
     pub fake: snowluma_fake::FakeSnowLuma,
     pub rt: tokio::runtime::Runtime,

@@ -42,10 +42,9 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use serde_json::{Value, json};
-use snowluma_e2e::{BoundedOutput, Fake, Tail, bin_path, wait_exit, wait_until};
+use serde_json::json;
+use snowluma_e2e::{BoundedOutput, Fake, Tail, assert_interop_write_run, bin_path, wait_exit, wait_until};
 
 #[derive(Debug, Clone, Copy)]
 enum Client {
@@ -469,45 +468,11 @@ fn write(client: Client) {
         &Run { mode: "write", endpoint: Some(&endpoint), stream_dir: Some(&stream_dir), events: None },
     );
     let n = sessions(&out);
-    let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
-    let count = |name: &str| actions.iter().filter(|a| *a == name).count();
-    let merged = json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}});
-    let sends: Vec<Value> = fake
-        .fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.action.as_deref() == Some("send_group_msg"))
-        .map(|r| r.json().unwrap_or(Value::Null))
-        .collect();
     let completed = if completes_input(client) { n } else { 0 };
-    assert_eq!(
-        sends.iter().filter(|b| **b == merged).count(),
-        completed,
-        "{client:?}: the completed write went out exactly once per session, with the merged params: {sends:?}"
-    );
-    assert_eq!(
-        count("send_group_msg"),
-        n + completed,
-        "{client:?}: each write went out exactly once per session: {actions:?}"
-    );
-    assert_eq!(count("download_file_stream"), n, "{client:?}: one download per session: {actions:?}");
-    assert_eq!(count("get_group_list"), n, "{client:?}: the slow call went out once per session: {actions:?}");
-    // The cancelled call: its request to SnowLuma was abandoned, and the
-    // server logged it as cancelled (over stdio the Python client checks
-    // this line itself; over HTTP the log is the harness's).
-    let closed = fake.rt.block_on(fake.fake.wait_closed_while_pending("get_group_list", Duration::from_secs(30)));
-    assert!(closed, "{client:?}: cancelling the slow call closes its connection to SnowLuma");
+    assert_interop_write_run(&fake, &format!("{client:?}"), n, completed, &stream_dir);
+    // Over HTTP the server's log is the harness's (over stdio the Python
+    // client checks this line itself).
     server.wait_stderr("failure=\"cancelled\"", &format!("{client:?}: the server logs the cancelled query_action"));
-    let files: Vec<String> = std::fs::read_dir(&stream_dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(files.len(), n, "{client:?}: exactly the downloaded files, no partial file: {files:?}");
-    let expect: Vec<u8> = (0..snowluma_fake::INTEROP_FILE_BYTES).map(|i| (i % 251) as u8).collect();
-    for f in &files {
-        let bytes = std::fs::read(stream_dir.join(f)).unwrap();
-        assert!(bytes == expect, "{client:?}: the downloaded file is complete and exact");
-    }
     drop(server);
     let _ = std::fs::remove_dir_all(&stream_dir);
 }

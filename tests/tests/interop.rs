@@ -46,10 +46,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use serde_json::{Value, json};
-use snowluma_e2e::{BoundedOutput, Fake, bin_path};
+use snowluma_e2e::{BoundedOutput, Fake, assert_interop_write_run, bin_path};
 
 #[derive(Debug, Clone, Copy)]
 enum Client {
@@ -224,41 +222,8 @@ fn write(client: Client) {
     std::fs::create_dir_all(&dir).unwrap();
     let out = run(client, "write", Some(&fake.fake.url()), Some(&dir));
     let n = sessions(&out);
-    let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
-    let count = |name: &str| actions.iter().filter(|a| *a == name).count();
-    // The completed write: group_id from the call, message from the answer.
-    let merged = json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}});
-    let sends: Vec<Value> = fake
-        .fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.action.as_deref() == Some("send_group_msg"))
-        .map(|r| r.json().unwrap_or(Value::Null))
-        .collect();
     let completed = if completes_input(client) { n } else { 0 };
-    assert_eq!(
-        sends.iter().filter(|b| **b == merged).count(),
-        completed,
-        "{client:?}: the completed write went out exactly once per session, with the merged params: {sends:?}"
-    );
-    assert_eq!(
-        count("send_group_msg"),
-        n + completed,
-        "{client:?}: each write went out exactly once per session: {actions:?}"
-    );
-    assert_eq!(count("download_file_stream"), n, "{client:?}: one download per session: {actions:?}");
-    assert_eq!(count("get_group_list"), n, "{client:?}: the slow call went out once per session: {actions:?}");
-    // The cancelled call's request was abandoned: its connection closed.
-    let closed = fake.rt.block_on(fake.fake.wait_closed_while_pending("get_group_list", Duration::from_secs(30)));
-    assert!(closed, "{client:?}: cancelling the slow call closes its connection to SnowLuma");
-    let files: Vec<String> =
-        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    assert_eq!(files.len(), n, "{client:?}: exactly the downloaded files, no partial file: {files:?}");
-    let expect: Vec<u8> = (0..snowluma_fake::INTEROP_FILE_BYTES).map(|i| (i % 251) as u8).collect();
-    for f in &files {
-        let bytes = std::fs::read(dir.join(f)).unwrap();
-        assert!(bytes == expect, "{client:?}: the downloaded file is complete and exact");
-    }
+    assert_interop_write_run(&fake, &format!("{client:?}"), n, completed, &dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
