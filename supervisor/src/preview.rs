@@ -53,7 +53,7 @@ pub const PANEL: &str = include_str!("../assets/preview-panel.html");
 const SEAL_PREFIX: &str = "<!-- snowluma-mcp preview panel sha256=";
 const SEAL_SUFFIX: &str = " -->\n";
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum AssetError {
     #[error(
         "the preview panel asset has no build seal (it was not written by ui/preview/build.mjs); this is a packaging error: rebuild it with `npm --prefix ui/preview run build`"
@@ -84,9 +84,11 @@ pub fn check_asset(text: &str) -> Result<&str, AssetError> {
     Ok(text)
 }
 
-/// The compiled-in panel, checked.
+/// The compiled-in panel, checked once per process (it cannot change): the
+/// startup check and every read share the result.
 pub fn panel() -> Result<&'static str, AssetError> {
-    check_asset(PANEL)
+    static CHECKED: std::sync::OnceLock<Result<&'static str, AssetError>> = std::sync::OnceLock::new();
+    CHECKED.get_or_init(|| check_asset(PANEL)).clone()
 }
 
 /// The resource contents' `_meta.ui`: no domain of any kind may be reached

@@ -458,38 +458,39 @@ fn too_many(what: &str) -> Response<Body> {
 /// transport prescribes. Only when every tree of the token is busy is the
 /// answer 429.
 async fn take_place(shared: &Arc<Shared>, token_id: &str) -> Result<(), Response<Body>> {
-    for attempt in 0..2 {
-        {
-            let mut usage = shared.usage.lock().map_err(|_| empty(StatusCode::INTERNAL_SERVER_ERROR))?;
-            let u = usage.entry(token_id.to_owned()).or_default();
-            if u.sessions < shared.max_sessions {
-                u.sessions += 1;
-                return Ok(());
-            }
-        }
-        if attempt == 1 {
-            break;
-        }
-        let quietest = shared
-            .trees
-            .lock()
-            .ok()
-            .and_then(|t| {
-                t.iter()
-                    .filter(|x| x.token_id == token_id && !x.ended.is_cancelled())
-                    .filter_map(|x| x.quiet_since().map(|since| (since, x.clone())))
-                    .min_by_key(|(since, _)| *since)
-            })
-            .map(|(_, x)| x);
-        let Some(tree) = quietest else { break };
+    if try_take_place(shared, token_id)? {
+        return Ok(());
+    }
+    let quietest = shared.trees.lock().ok().and_then(|t| {
+        t.iter()
+            .filter(|x| x.token_id == token_id && !x.ended.is_cancelled())
+            .filter_map(|x| x.quiet_since().map(|since| (since, x.clone())))
+            .min_by_key(|(since, _)| *since)
+            .map(|(_, x)| x)
+    });
+    if let Some(tree) = quietest {
         tracing::info!(
             session = tree.session,
             token_id,
             "serve-http: session limit reached; ending the least recently used quiet session"
         );
         end_tree(shared, &tree).await;
+        if try_take_place(shared, token_id)? {
+            return Ok(());
+        }
     }
     Err(too_many("Too many sessions for this token"))
+}
+
+/// One of the token's places, if one is free.
+fn try_take_place(shared: &Shared, token_id: &str) -> Result<bool, Response<Body>> {
+    let mut usage = shared.usage.lock().map_err(|_| empty(StatusCode::INTERNAL_SERVER_ERROR))?;
+    let u = usage.entry(token_id.to_owned()).or_default();
+    if u.sessions >= shared.max_sessions {
+        return Ok(false);
+    }
+    u.sessions += 1;
+    Ok(true)
 }
 
 async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<Arc<Tree>, Response<Body>> {

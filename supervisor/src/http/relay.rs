@@ -31,6 +31,15 @@ struct State {
     last_active: Instant,
 }
 
+impl State {
+    /// The last activity, if nothing is in flight for a waiting client and
+    /// no GET stream is open; `None` while busy.
+    fn quiet_since(&self) -> Option<Instant> {
+        let busy = self.pending.values().any(|p| p.open) || self.get_stream.as_ref().is_some_and(|g| !g.is_closed());
+        (!busy).then_some(self.last_active)
+    }
+}
+
 pub struct Tree {
     pub session: u64,
     pub token_id: String,
@@ -86,21 +95,13 @@ impl Tree {
     /// When the tree became quiet (nothing in flight with a client
     /// waiting, no GET stream), or `None` while it is busy.
     pub fn quiet_since(&self) -> Option<Instant> {
-        self.with(|st| {
-            let busy = st.pending.values().any(|p| p.open) || st.get_stream.as_ref().is_some_and(|g| !g.is_closed());
-            (!busy).then_some(st.last_active)
-        })
-        .flatten()
+        self.with(|st| st.quiet_since()).flatten()
     }
 
     /// Idle: nothing in flight with a client waiting, no GET stream, and no
     /// activity for `limit`.
     pub fn idle_for(&self, limit: std::time::Duration) -> bool {
-        self.with(|st| {
-            let busy = st.pending.values().any(|p| p.open) || st.get_stream.as_ref().is_some_and(|g| !g.is_closed());
-            !busy && st.last_active.elapsed() >= limit
-        })
-        .unwrap_or(true)
+        self.with(|st| st.quiet_since().is_some_and(|since| since.elapsed() >= limit)).unwrap_or(true)
     }
 
     async fn write(&self, msg: &Value) -> bool {
