@@ -1,14 +1,22 @@
-//! The generator: reads every authored definition, validates it, and renders
-//! the bundled catalog (`catalog/generated/catalog.json`).
+//! The generator: SnowLuma's upstream catalog plus our overlay, validated,
+//! rendered as the bundled catalog (`catalog/generated/catalog.json`).
+//!
+//! Each generated action is the upstream entry, every field and key order
+//! as upstream has it, followed by the overlay's fields
+//! ([`crate::def::OVERLAY_FIELDS`]). The generator fails when upstream has
+//! an action the overlay does not cover (or the other way round), so moving
+//! to a new SnowLuma release is: drop in its catalog, author the missing
+//! overlay entries, regenerate.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-use crate::def::{ActionDef, Support};
+use crate::def::{OverlayDef, Support};
 
-/// The categories in SnowLuma's order.
-pub const CATEGORIES: [(&str, &str); 11] = [
+/// The category directories of the overlay, by SnowLuma category.
+pub const CATEGORY_SLUGS: [(&str, &str); 12] = [
     ("信息", "info"),
     ("消息", "message"),
     ("好友", "friend"),
@@ -19,36 +27,28 @@ pub const CATEGORIES: [(&str, &str); 11] = [
     ("扩展", "extension"),
     ("群相册", "group-album"),
     ("空间", "qzone"),
+    ("系统表情", "system-face"),
     ("流式接口", "stream"),
 ];
 
-/// The SnowLuma catalog snapshot the facts were taken from.
-pub const SOURCE_SNAPSHOT: &str = "2026.07.24";
+/// Where the upstream snapshot came from and which SnowLuma release it
+/// belongs to (`catalog/upstream/SOURCE.json`).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Source {
+    /// The catalog's `version`: the SnowLuma release, as Node reports its
+    /// package version.
+    pub snowluma_version: String,
+    pub sha256: String,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenError {
     #[error("cannot read {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{path}: invalid definition: {source}")]
+    #[error("{path}: invalid JSON: {source}")]
     Parse { path: PathBuf, source: serde_json::Error },
-    #[error("{count} definition problem(s):\n{list}")]
+    #[error("{count} catalog problem(s):\n{list}")]
     Invalid { count: usize, list: String },
-}
-
-/// Catalog order: SnowLuma sorts names with `_` before `.` before digits
-/// before letters, case-insensitively.
-pub fn order_key(name: &str) -> Vec<(u8, char)> {
-    name.chars()
-        .map(|c| {
-            let class = match c {
-                '_' => 1,
-                '.' => 2,
-                c if c.is_ascii_digit() => 3,
-                _ => 4,
-            };
-            (class, c.to_ascii_lowercase())
-        })
-        .collect()
 }
 
 pub fn file_stem(name: &str) -> String {
@@ -58,222 +58,240 @@ pub fn file_stem(name: &str) -> String {
     }
 }
 
-/// Read every definition below `defs_dir`.
-pub fn load_defs(defs_dir: &Path) -> Result<Vec<(PathBuf, ActionDef)>, GenError> {
+fn read(path: &Path) -> Result<String, GenError> {
+    std::fs::read_to_string(path).map_err(|source| GenError::Io { path: path.to_path_buf(), source })
+}
+
+fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, GenError> {
+    serde_json::from_str(text).map_err(|source| GenError::Parse { path: path.to_path_buf(), source })
+}
+
+/// Read every overlay file below `dir`, with its path.
+pub fn load_overlay(dir: &Path) -> Result<Vec<(PathBuf, OverlayDef)>, GenError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| GenError::Io { path, source }
     };
     let mut out = Vec::new();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(defs_dir)
-        .map_err(io(defs_dir))?
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_dir())
         .collect();
     dirs.sort();
-    for dir in dirs {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(io(&dir))?
+    for d in dirs {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&d)
+            .map_err(io(&d))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "json"))
             .collect();
         files.sort();
         for f in files {
-            let text = std::fs::read_to_string(&f).map_err(io(&f))?;
-            let def: ActionDef =
-                serde_json::from_str(&text).map_err(|source| GenError::Parse { path: f.clone(), source })?;
-            out.push((f, def));
+            let text = read(&f)?;
+            out.push((f.clone(), parse(&f, &text)?));
         }
     }
     Ok(out)
 }
 
-/// Validate and render. `strict` also demands every authored text field.
-pub fn generate(defs_dir: &Path, strict: bool) -> Result<String, GenError> {
-    let mut defs = load_defs(defs_dir)?;
+/// The catalog directory's three inputs.
+#[derive(Debug)]
+pub struct Inputs {
+    pub upstream_text: String,
+    pub source: Source,
+    pub overlay: Vec<(PathBuf, OverlayDef)>,
+}
+
+impl Inputs {
+    /// Read `catalog/upstream/` and `catalog/overlay/` below `root`.
+    pub fn load(root: &Path) -> Result<Inputs, GenError> {
+        let up = root.join("upstream/catalog.json");
+        let src = root.join("upstream/SOURCE.json");
+        Ok(Inputs {
+            upstream_text: read(&up)?,
+            source: parse(&src, &read(&src)?)?,
+            overlay: load_overlay(&root.join("overlay"))?,
+        })
+    }
+}
+
+/// Validate and render. `strict` also demands every authored text.
+pub fn generate(root: &Path, strict: bool) -> Result<String, GenError> {
+    render(&Inputs::load(root)?, strict)
+}
+
+/// [`generate`] from inputs already read.
+pub fn render(inputs: &Inputs, strict: bool) -> Result<String, GenError> {
+    let up_path = Path::new("catalog/upstream/catalog.json");
+    let upstream: Map<String, Value> = parse(up_path, &inputs.upstream_text)?;
     let mut problems = Vec::new();
-    let mut seen = std::collections::HashMap::new();
-    for (path, d) in &defs {
+    let actions = upstream.get("actions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let categories = upstream.get("categories").cloned().unwrap_or(Value::Null);
+    if actions.is_empty() || !categories.is_array() {
+        problems.push("upstream catalog: expected non-empty `actions` and `categories` arrays".to_owned());
+    }
+    let mut by_name: BTreeMap<&str, (&Path, &OverlayDef)> = BTreeMap::new();
+    for (path, o) in &inputs.overlay {
+        if let Some((prev, _)) = by_name.insert(o.name.as_str(), (path.as_path(), o)) {
+            problems.push(format!("{}: overlay for {} also in {}", path.display(), o.name, prev.display()));
+        }
+    }
+    let mut used = BTreeSet::new();
+    let mut out = Vec::with_capacity(actions.len());
+    for a in &actions {
+        let Some(entry) = a.as_object() else {
+            problems.push("upstream catalog: an action is not an object".to_owned());
+            continue;
+        };
+        let name = entry.get("name").and_then(Value::as_str).unwrap_or_default();
+        let category = entry.get("category").and_then(Value::as_str).unwrap_or_default();
+        let Some(slug) = CATEGORY_SLUGS.iter().find(|(c, _)| *c == category).map(|(_, s)| *s) else {
+            problems.push(format!("{name}: upstream category {category:?} has no overlay directory (CATEGORY_SLUGS)"));
+            continue;
+        };
+        let Some((path, o)) = by_name.get(name) else {
+            if strict {
+                problems.push(format!("{name}: no overlay (write catalog/overlay/{slug}/{}.json)", file_stem(name)));
+            } else {
+                out.push(Value::Object(merged(entry, &OverlayDef::draft(name))));
+            }
+            continue;
+        };
+        used.insert(name.to_owned());
+        let expect = format!("{slug}/{}.json", file_stem(name));
+        if !path.ends_with(&expect) {
+            problems.push(format!("{}: should be catalog/overlay/{expect}", path.display()));
+        }
         let mut p = |m: String| problems.push(format!("{}: {m}", path.display()));
-        let slug = CATEGORIES.iter().find(|(c, _)| *c == d.category).map(|(_, s)| *s);
-        match slug {
-            None => p(format!("unknown category {:?}", d.category)),
-            Some(slug) => {
-                let expect = format!("{slug}/{}.json", file_stem(&d.name));
-                if !path.ends_with(&expect) {
-                    p(format!("file should be {expect}"));
-                }
-            }
+        check(entry, o, strict, &mut p);
+        out.push(Value::Object(merged(entry, o)));
+    }
+    for (name, (path, _)) in &by_name {
+        if !used.contains(*name) {
+            problems.push(format!("{}: overlay for {name}, which upstream does not have", path.display()));
         }
-        for n in std::iter::once(&d.name).chain(&d.aliases) {
-            if let Some(prev) = seen.insert(n.clone(), d.name.clone()) {
-                p(format!("name {n:?} also used by {prev}"));
-            }
-        }
-        check_def(d, strict, &mut p);
     }
     if !problems.is_empty() {
         return Err(GenError::Invalid { count: problems.len(), list: problems.join("\n") });
     }
-    defs.sort_by_key(|a| order_key(&a.1.name));
-    let actions: Vec<Value> = defs.iter().map(|(_, d)| render_action(d)).collect();
-    let categories: Vec<Value> = CATEGORIES
-        .iter()
-        .map(|(c, _)| json!({"category": c, "count": defs.iter().filter(|(_, d)| d.category == *c).count()}))
-        .collect();
-    let body = json!({"categories": categories, "actions": actions});
-    let digest = fnv1a(body.to_string().as_bytes());
     let doc = json!({
-        "version": format!("{SOURCE_SNAPSHOT}+{digest:016x}"),
-        "categories": body["categories"],
-        "actions": body["actions"],
+        "version": inputs.source.snowluma_version,
+        "categories": categories,
+        "actions": out,
     });
-    let mut text = serde_json::to_string_pretty(&doc)
-        .map_err(|source| GenError::Parse { path: defs_dir.to_path_buf(), source })?;
+    let mut text = serde_json::to_string_pretty(&doc).map_err(|source| GenError::Parse { path: up_path.into(), source })?;
     text.push('\n');
     Ok(text)
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
+/// The upstream entry with the overlay's fields appended.
+fn merged(entry: &Map<String, Value>, o: &OverlayDef) -> Map<String, Value> {
+    let mut m = entry.clone();
+    if let Some(s) = &o.returns_schema
+        && !m.contains_key("returnsSchema")
+    {
+        m.insert("returnsSchema".into(), s.clone());
     }
-    h
+    m.insert("support".into(), json!(o.support.as_str()));
+    m.insert("summary_en".into(), json!(o.summary_en));
+    m.insert("description_en".into(), json!(o.description_en));
+    m.insert("params_en".into(), Value::Object(o.params_en.clone()));
+    m.insert("invariants_en".into(), json!(o.invariants_en));
+    m.insert("returns_en".into(), json!(o.returns_en));
+    let examples: Vec<Value> = o
+        .examples
+        .iter()
+        .map(|e| {
+            let mut x = Map::new();
+            x.insert("summary".into(), json!(e.summary));
+            x.insert("params".into(), Value::Object(e.params.clone()));
+            if let Some(n) = &e.notes {
+                x.insert("notes".into(), json!(n));
+            }
+            Value::Object(x)
+        })
+        .collect();
+    m.insert("examples".into(), Value::Array(examples));
+    m
 }
 
-fn check_def(d: &ActionDef, strict: bool, p: &mut impl FnMut(String)) {
+fn check(entry: &Map<String, Value>, o: &OverlayDef, strict: bool, p: &mut impl FnMut(String)) {
+    for field in crate::def::OVERLAY_FIELDS {
+        if field != "returnsSchema" && entry.contains_key(field) {
+            p(format!("upstream now has {field}; the overlay must not replace it (rename the overlay field)"));
+        }
+    }
     if strict {
-        for (field, v) in [
-            ("summary", &d.summary),
-            ("summary_zh", &d.summary_zh),
-            ("description", &d.description),
-            ("returns", &d.returns),
-        ] {
+        for (field, v) in
+            [("summary_en", &o.summary_en), ("description_en", &o.description_en), ("returns_en", &o.returns_en)]
+        {
             if v.trim().is_empty() {
                 p(format!("{field} is empty"));
             }
         }
-        for prm in &d.params {
-            if prm.description.trim().is_empty() {
-                p(format!("param {} has no description", prm.name));
-            }
-        }
-        if d.examples.is_empty() {
+        if o.examples.is_empty() {
             p("needs at least one example".into());
         }
-        if d.invariants.iter().any(|i| i.contains("TODO")) {
-            p("invariants still hold a TODO".into());
+    }
+    if o.summary_en.chars().count() > 120 {
+        p("summary_en longer than 120 characters".into());
+    }
+    // Every upstream parameter described, and nothing else.
+    let params: Vec<&str> = entry
+        .get("params")
+        .and_then(Value::as_array)
+        .map(|ps| ps.iter().filter_map(|q| q.get("name").and_then(Value::as_str)).collect())
+        .unwrap_or_default();
+    for q in &params {
+        match o.params_en.get(*q) {
+            Some(Value::String(s)) if !s.trim().is_empty() => {}
+            Some(Value::String(_)) | None if !strict => {}
+            _ => p(format!("params_en has no English description of {q}")),
         }
     }
-    if d.summary.chars().count() > 120 {
-        p("summary longer than 120 characters".into());
+    for k in o.params_en.keys() {
+        if !params.contains(&k.as_str()) {
+            p(format!("params_en describes {k}, which upstream's params do not have"));
+        }
     }
+    let up_invariants = entry.get("invariants").and_then(Value::as_array).map_or(0, Vec::len);
+    if strict && o.invariants_en.len() != up_invariants {
+        p(format!("invariants_en has {} entries; upstream has {up_invariants}", o.invariants_en.len()));
+    }
+    // returnsSchema: upstream's wins; ours only where upstream has none.
     let not_any = json!({"not": {}});
-    match (&d.returns_schema, d.support) {
-        (Value::Object(_), Support::Unsupported) if d.returns_schema != not_any => {
-            p("unsupported actions return {\"not\": {}}".into())
+    let schema = match (entry.get("returnsSchema"), &o.returns_schema) {
+        (Some(_), Some(_)) => {
+            p("upstream has a returnsSchema; remove the overlay's (upstream's wins)".into());
+            None
         }
-        (Value::Object(_), Support::Supported | Support::Placeholder) if d.returns_schema == not_any => {
-            p("{\"not\": {}} is only for unsupported actions".into())
+        (Some(s), None) => Some(s),
+        (None, Some(s)) => Some(s),
+        (None, None) => {
+            if strict {
+                p("upstream has no returnsSchema; the overlay must author one".into());
+            }
+            None
         }
-        (Value::Object(_), _) => {}
-        (Value::Null, _) if !strict => {}
-        _ => p("returns_schema must be a JSON Schema object".into()),
+    };
+    if let Some(s) = schema {
+        if !s.is_object() {
+            p("returnsSchema must be a JSON Schema object".into());
+        }
+        if o.support == Support::Unsupported && o.returns_schema.is_some() && *s != not_any {
+            p("unsupported actions return {\"not\": {}}".into());
+        }
+        if o.support != Support::Unsupported && *s == not_any {
+            p("{\"not\": {}} is only for unsupported actions".into());
+        }
     }
-    let input = input_schema(d);
-    for (i, ex) in d.examples.iter().enumerate() {
+    let input = entry.get("inputSchema").cloned().unwrap_or(Value::Null);
+    for (i, ex) in o.examples.iter().enumerate() {
         if strict && ex.summary.trim().is_empty() {
             p(format!("example {i} has no summary"));
         }
-        let params = Value::Object(ex.params.clone());
-        for err in crate::schema::validate(&input, &params) {
+        for err in crate::schema::validate(&input, &Value::Object(ex.params.clone())) {
             p(format!("example {i}: {err}"));
         }
     }
-}
-
-/// The action's input schema, built from its parameters.
-pub fn input_schema(d: &ActionDef) -> Value {
-    let mut props = Map::new();
-    for prm in &d.params {
-        let mut s = match &prm.schema {
-            Value::Object(m) => m.clone(),
-            _ => Map::new(),
-        };
-        if !prm.description.is_empty() {
-            s.insert("description".into(), json!(prm.description));
-        }
-        if let Some(def) = &prm.default {
-            s.insert("default".into(), def.clone());
-        }
-        if let Some(role) = &prm.role {
-            s.insert("x-role".into(), json!(role));
-        }
-        props.insert(prm.name.clone(), Value::Object(s));
-    }
-    let required: Vec<&str> = d.params.iter().filter(|p| p.required).map(|p| p.name.as_str()).collect();
-    let mut schema = Map::new();
-    schema.insert("type".into(), json!("object"));
-    schema.insert("properties".into(), Value::Object(props));
-    if !required.is_empty() {
-        schema.insert("required".into(), json!(required));
-    }
-    schema.insert("additionalProperties".into(), json!(true));
-    Value::Object(schema)
-}
-
-fn render_action(d: &ActionDef) -> Value {
-    let params: Vec<Value> = d
-        .params
-        .iter()
-        .map(|p| {
-            let mut m = Map::new();
-            m.insert("name".into(), json!(p.name));
-            m.insert("type".into(), json!(p.ty));
-            m.insert("required".into(), json!(p.required));
-            if let Some(v) = &p.default {
-                m.insert("default".into(), v.clone());
-            }
-            if let Some(v) = &p.values {
-                m.insert("values".into(), json!(v));
-            }
-            if let Some(v) = &p.role {
-                m.insert("role".into(), json!(v));
-            }
-            m.insert("description".into(), json!(p.description));
-            Value::Object(m)
-        })
-        .collect();
-    let examples: Vec<Value> = d
-        .examples
-        .iter()
-        .map(|e| {
-            let mut m = Map::new();
-            m.insert("summary".into(), json!(e.summary));
-            m.insert("params".into(), Value::Object(e.params.clone()));
-            if let Some(n) = &e.notes {
-                m.insert("notes".into(), json!(n));
-            }
-            Value::Object(m)
-        })
-        .collect();
-    json!({
-        "name": d.name,
-        "aliases": d.aliases,
-        "category": d.category,
-        "summary": d.summary,
-        "summary_zh": d.summary_zh,
-        "description": d.description,
-        "readOnly": d.read_only,
-        "stream": d.stream,
-        "support": d.support.as_str(),
-        "params": params,
-        "invariants": d.invariants,
-        "inputSchema": input_schema(d),
-        "returns": d.returns,
-        "returnsSchema": if d.returns_schema.is_null() { json!({}) } else { d.returns_schema.clone() },
-        "examples": examples,
-    })
 }

@@ -1,7 +1,9 @@
 //! The bundled SnowLuma action catalog.
 //!
-//! * `defs/` holds one authored definition per action ([`def`]);
-//! * [`generate`] validates them and renders `generated/catalog.json`;
+//! * `upstream/catalog.json` is SnowLuma's own catalog, byte for byte, and
+//!   `overlay/` what we author beside it ([`def`]);
+//! * [`generate`] validates both and renders `generated/catalog.json`:
+//!   every upstream field as upstream has it, the overlay's fields added;
 //! * [`Catalog::bundled`] is that file, compiled into the binary (nothing is
 //!   read from disk at run time);
 //! * [`tools`] answers the documentation tools; [`search`] ranks matches.
@@ -45,6 +47,38 @@ pub fn echo(s: &str) -> String {
 /// See [`echo`].
 pub const ECHO_CHARS: usize = 64;
 
+/// Most characters of a client-supplied name that Node-worded error texts
+/// echo ([`json_echo`], [`plain_echo`]): every real name fits; a hostile
+/// megabyte-long one is cut, so that the error stays small.
+pub const NAME_ECHO_CHARS: usize = 256;
+
+fn cut(s: &str) -> (String, Option<usize>) {
+    let mut chars = s.chars();
+    let head: String = chars.by_ref().take(NAME_ECHO_CHARS).collect();
+    if chars.next().is_none() { (head, None) } else { (head, Some(s.chars().count())) }
+}
+
+/// A name as Node's `JSON.stringify(name)` shows it (`{name_json}`,
+/// `{action_json}` in Node's texts), cut after [`NAME_ECHO_CHARS`]
+/// characters with the original length.
+pub fn json_echo(s: &str) -> String {
+    let (head, total) = cut(s);
+    let quoted = serde_json::to_string(&head).unwrap_or_else(|_| format!("{head:?}"));
+    match total {
+        None => quoted,
+        Some(n) => format!("{quoted}…（共 {n} 个字符）"),
+    }
+}
+
+/// A name as Node's texts show it unquoted (`{action}`, `{tool}`), cut
+/// likewise.
+pub fn plain_echo(s: &str) -> String {
+    match cut(s) {
+        (head, None) => head,
+        (head, Some(n)) => format!("{head}…（共 {n} 个字符）"),
+    }
+}
+
 /// At most `max` characters of an error message built from client input
 /// (serde's messages quote the offending value).
 pub fn clip(message: String, max: usize) -> String {
@@ -60,35 +94,41 @@ pub struct Action {
     pub name: String,
     pub aliases: Vec<String>,
     pub category: String,
-    pub summary: String,
-    pub summary_zh: String,
-    pub description: String,
+    /// Upstream's (Chinese) one-line summary; 12 upstream actions have none.
+    pub summary: Option<String>,
+    /// Our English summary (overlay).
+    pub summary_en: String,
     pub read_only: bool,
+    /// Upstream marks Stream API actions with `"stream": true` (absent: false).
     pub stream: bool,
     /// A file the server moves itself (see [`transfers`]).
     pub transfer: Option<FileTransfer>,
     pub support: String,
     /// Names of the top-level required parameters.
     pub required: Vec<String>,
-    /// The complete contract, as `get_action` returns it.
+    /// The complete contract, as `get_action` returns it: the upstream entry
+    /// followed by the overlay's fields.
     pub doc: Value,
-    /// Lower-cased name, aliases, summary and Chinese summary, computed
-    /// once for search ([`search::search_text`]).
-    pub search_text: [String; 4],
+    /// Lower-cased texts, computed once for search ([`search::SearchText`]).
+    pub search_text: search::SearchText,
 }
 
 impl Action {
-    /// The compact form used by list and search results.
+    /// The compact form used by list and search results: Node's entry
+    /// (`name, category, summary?, aliases, readOnly, stream`, in that
+    /// order), then our English summary.
     pub fn compact(&self) -> Value {
-        serde_json::json!({
-            "name": self.name,
-            "category": self.category,
-            "summary": self.summary,
-            "summary_zh": self.summary_zh,
-            "aliases": self.aliases,
-            "readOnly": self.read_only,
-            "stream": self.stream,
-        })
+        let mut m = serde_json::Map::new();
+        m.insert("name".into(), Value::String(self.name.clone()));
+        m.insert("category".into(), Value::String(self.category.clone()));
+        if let Some(s) = &self.summary {
+            m.insert("summary".into(), Value::String(s.clone()));
+        }
+        m.insert("aliases".into(), serde_json::json!(self.aliases));
+        m.insert("readOnly".into(), Value::Bool(self.read_only));
+        m.insert("stream".into(), Value::Bool(self.stream));
+        m.insert("summary_en".into(), Value::String(self.summary_en.clone()));
+        Value::Object(m)
     }
 
     pub fn input_schema(&self) -> &Value {
@@ -154,19 +194,25 @@ impl Catalog {
                 Some(Value::Array(r)) => r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
                 _ => Vec::new(),
             };
-            let (name, aliases, summary, summary_zh) =
-                (s("name")?, strings("aliases")?, s("summary")?, s("summary_zh")?);
+            let (name, aliases) = (s("name")?, strings("aliases")?);
+            let summary = match a.get("summary") {
+                None => None,
+                Some(v) => Some(v.as_str().ok_or_else(|| shape("summary"))?.to_owned()),
+            };
+            let summary_en = s("summary_en")?;
             let transfer = transfers::of(&name);
             let action = Action {
-                search_text: search::search_text(&name, &aliases, &summary, &summary_zh),
+                search_text: search::SearchText::new(&name, &aliases, summary.as_deref(), &summary_en),
                 name,
                 aliases,
                 category: s("category")?,
                 summary,
-                summary_zh,
-                description: s("description")?,
+                summary_en,
                 read_only: a["readOnly"].as_bool().ok_or_else(|| shape("readOnly"))?,
-                stream: a["stream"].as_bool().ok_or_else(|| shape("stream"))?,
+                stream: match a.get("stream") {
+                    None => false,
+                    Some(v) => v.as_bool().ok_or_else(|| shape("stream"))?,
+                },
                 transfer,
                 support: s("support")?,
                 required,
@@ -213,8 +259,8 @@ mod tests {
     #[test]
     fn bundled_catalog_parses() {
         let c = Catalog::parse(CATALOG_JSON).unwrap();
-        assert_eq!(c.actions.len(), 179);
-        assert_eq!(c.categories.len(), 11);
+        assert_eq!(c.actions.len(), 193);
+        assert_eq!(c.categories.len(), 12);
         let aliases: usize = c.actions.iter().map(|a| a.aliases.len()).sum();
         assert_eq!(aliases, 6);
         assert_eq!(c.get("nc_get_rkey").unwrap().name, "get_rkey");
@@ -223,12 +269,37 @@ mod tests {
 
     #[test]
     fn generated_file_is_fresh() {
-        let defs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("defs");
-        let fresh = generate::generate(&defs, true).unwrap_or_else(|e| panic!("{e}"));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let fresh = generate::generate(root, true).unwrap_or_else(|e| panic!("{e}"));
         assert!(
             fresh == CATALOG_JSON,
             "catalog/generated/catalog.json is stale: run `cargo run -p snowluma-catalog --bin gen-catalog`"
         );
+    }
+
+    /// The bundled catalog without the overlay's fields is the upstream
+    /// file, byte for byte: every upstream field of every action survives,
+    /// in upstream's key order, and nothing upstream has is replaced.
+    #[test]
+    fn every_upstream_field_survives_byte_for_byte() {
+        let upstream = include_str!("../upstream/catalog.json");
+        let generated: Value = serde_json::from_str(CATALOG_JSON).unwrap();
+        let up: Value = serde_json::from_str(upstream).unwrap();
+        let mut actions = Vec::new();
+        for (g, u) in generated["actions"].as_array().unwrap().iter().zip(up["actions"].as_array().unwrap()) {
+            let mut g = g.as_object().unwrap().clone();
+            for field in def::OVERLAY_FIELDS {
+                if u.get(field).is_none() {
+                    assert!(g.shift_remove(field).is_some(), "{}: overlay field {field} missing", u["name"]);
+                }
+            }
+            actions.push(Value::Object(g));
+        }
+        assert_eq!(actions.len(), up["actions"].as_array().unwrap().len());
+        let rebuilt = serde_json::json!({"actions": actions, "categories": generated["categories"]});
+        let text = serde_json::to_string_pretty(&rebuilt).unwrap() + "\n";
+        assert!(text == upstream, "the catalog without overlay fields differs from catalog/upstream/catalog.json");
+        assert_eq!(generated["version"], "1.14.12");
     }
 
     #[test]

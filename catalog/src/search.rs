@@ -1,8 +1,9 @@
 //! Matching for `search_actions`.
 //!
-//! * `substring` (the default and the original behaviour): the whole query,
-//!   case-insensitively, is a substring of the name, a summary or an alias;
-//!   results keep catalog order. An empty query matches everything.
+//! * `substring` (the default and the original behaviour, as Node's): the
+//!   whole query, lower-cased, is a substring of the lower-cased name,
+//!   upstream summary or one alias; results keep catalog order. An empty
+//!   query matches everything.
 //! * `keywords`: space-separated terms combined with AND (at most
 //!   [`MAX_TERMS`]); each term matches as a substring, and also matches its
 //!   synonyms from a small Chinese/English table, English synonyms as whole
@@ -109,13 +110,30 @@ fn expand(term: &str) -> Vec<Alt> {
     out
 }
 
-/// The lower-cased texts a query is matched against: name, aliases,
-/// English summary, Chinese summary.
-pub fn search_text(name: &str, aliases: &[String], summary: &str, summary_zh: &str) -> [String; 4] {
-    [name.to_lowercase(), aliases.join(" ").to_lowercase(), summary.to_lowercase(), summary_zh.to_lowercase()]
+/// The lower-cased texts a query is matched against, computed once per
+/// action.
+#[derive(Debug, Clone)]
+pub struct SearchText {
+    name: String,
+    aliases: Vec<String>,
+    /// Upstream's summary ("" when it has none).
+    summary: String,
+    summary_en: String,
 }
 
-/// The original matching rule, with the query lower-cased once.
+impl SearchText {
+    pub fn new(name: &str, aliases: &[String], summary: Option<&str>, summary_en: &str) -> SearchText {
+        SearchText {
+            name: name.to_lowercase(),
+            aliases: aliases.iter().map(|a| a.to_lowercase()).collect(),
+            summary: summary.unwrap_or_default().to_lowercase(),
+            summary_en: summary_en.to_lowercase(),
+        }
+    }
+}
+
+/// Node's matching rule, with the query lower-cased once: a substring of
+/// the name, the upstream summary or one of the aliases.
 #[derive(Debug)]
 pub struct SubstringQuery(String);
 
@@ -125,7 +143,8 @@ impl SubstringQuery {
     }
 
     pub fn matches(&self, a: &Action) -> bool {
-        self.0.is_empty() || a.search_text.iter().any(|h| h.contains(&self.0))
+        let t = &a.search_text;
+        t.name.contains(&self.0) || t.summary.contains(&self.0) || t.aliases.iter().any(|al| al.contains(&self.0))
     }
 }
 
@@ -161,14 +180,15 @@ impl KeywordQuery {
         if self.terms.is_empty() {
             return Some(2);
         }
-        let [name, aliases, summary, summary_zh] = &a.search_text;
-        if *name == self.whole || a.aliases.iter().any(|al| al.to_lowercase() == self.whole) {
+        let text = &a.search_text;
+        if text.name == self.whole || text.aliases.contains(&self.whole) {
             return Some(0);
         }
         let mut all_in_name = true;
         for alts in &self.terms {
-            let in_name = alts.iter().any(|t| t.found_in(name) || t.found_in(aliases));
-            let anywhere = in_name || alts.iter().any(|t| t.found_in(summary) || t.found_in(summary_zh));
+            let in_name = alts.iter().any(|t| t.found_in(&text.name) || text.aliases.iter().any(|al| t.found_in(al)));
+            let anywhere =
+                in_name || alts.iter().any(|t| t.found_in(&text.summary) || t.found_in(&text.summary_en));
             if !anywhere {
                 return None;
             }
@@ -234,7 +254,7 @@ mod tests {
                 let pos = got.iter().position(|g| g == name);
                 assert!(pos.is_some_and(|p| p <= i + 2), "{query}: {name} should be among the first, got {got:?}");
             }
-            let all = top(query, 179);
+            let all = top(query, 193);
             for name in *never {
                 assert!(!all.iter().any(|g| g == name), "{query}: {name} must not match, got {all:?}");
             }

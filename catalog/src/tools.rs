@@ -4,123 +4,178 @@
 
 use std::collections::BTreeSet;
 
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-use crate::args::{ArgType, ToolArgs};
-use crate::{ACTION_URI_TEMPLATE, CATALOG_URI, Catalog, search, tool_args};
+use crate::{ACTION_URI_TEMPLATE, CATALOG_URI, Catalog, search};
 
+/// Why a documentation tool refuses; the texts are the tool error's text.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DocError {
-    #[error("invalid arguments for {tool}: {message}")]
-    InvalidArguments { tool: &'static str, message: String },
-    /// The name as [`crate::echo`] shows it.
-    #[error("unknown action {0}: use search_actions or list_actions to find the right name")]
+    /// One of the spec's added arguments (filters, page, match) is invalid;
+    /// Node's own arguments are never refused (as Node: a wrong type counts
+    /// as absent).
+    #[error("{0}")]
+    InvalidArguments(String),
+    /// The name as [`crate::json_echo`] shows it.
+    #[error("未找到 action: {0}。用 list_actions / search_actions 查可用项。")]
     UnknownAction(String),
-    #[error("unknown category {given}; categories are: {known}")]
-    UnknownCategory { given: String, known: String },
-    #[error("unknown tool {0}")]
+    /// The name as [`crate::plain_echo`] shows it.
+    #[error("未知工具: {0}")]
     UnknownTool(String),
-    #[error("resource not found: {0}")]
+    #[error("unknown resource: {0}")]
     ResourceNotFound(String),
 }
 
-tool_args! {
-    /// Arguments of `list_actions`: the filters and the page.
-    pub struct ListActionsArgs for "list_actions" {
-        /// Only actions of this category (exact name as list_categories gives it, e.g. 群管理).
-        category: Option<String>,
-        /// Only actions that change nothing (true) or only actions that do (false).
-        read_only: Option<bool>,
-        /// Only Stream API actions (true) or only ordinary ones (false).
-        stream: Option<bool>,
-        /// Page size (1-200). With limit or offset the result adds total and next_offset.
-        #[minimum = 1]
-        #[maximum = 200]
-        limit: Option<u64>,
-        /// Index of the first match to return.
-        #[minimum = 0]
-        offset: Option<u64>,
+/// Node's `category` property (`list_actions`; `search_actions` adds it).
+const CATEGORY: &str = "按分类过滤，如 群管理 / 消息 / 好友";
+const READ_ONLY: &str =
+    "只要只读 action（true）或只要会改变状态的 action（false）。Only read-only (true) or only state-changing (false) actions.";
+const STREAM: &str =
+    "只要 Stream Action（true）或只要普通 action（false）。Only Stream API actions (true) or only ordinary ones (false).";
+const LIMIT: &str = "分页大小（1–200）。给出 limit 或 offset 时，count 为本页数量，并另含 total 与 next_offset。Page size (1-200); with limit or offset the result adds total and next_offset.";
+const OFFSET: &str = "从第几个匹配项开始（非负整数，默认 0）。Index of the first match to return (default 0).";
+const MATCH: &str = "匹配方式：substring（默认，大小写不敏感的子串匹配，按目录顺序）或 keywords（空格分隔的关键词取交集，识别常用中英文同义词，名称或别名完全相同者排在最前）。Matching mode: substring (default) or keywords.";
+
+fn prop(ty: &str, description: &str) -> Value {
+    json!({"type": ty, "description": description})
+}
+
+/// The filters and page both list tools accept (the spec's additions).
+fn filters(props: &mut Map<String, Value>) {
+    props.insert("read_only".into(), prop("boolean", READ_ONLY));
+    props.insert("stream".into(), prop("boolean", STREAM));
+    props.insert("limit".into(), json!({"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": LIMIT}));
+    props.insert("offset".into(), json!({"type": "integer", "minimum": 0, "description": OFFSET}));
+}
+
+fn object(props: Map<String, Value>, required: &[&str]) -> Value {
+    let mut s = Map::new();
+    s.insert("type".into(), json!("object"));
+    s.insert("properties".into(), Value::Object(props));
+    if !required.is_empty() {
+        s.insert("required".into(), json!(required));
+    }
+    s.insert("additionalProperties".into(), json!(false));
+    Value::Object(s)
+}
+
+fn list_actions_schema() -> Value {
+    let mut p = Map::new();
+    p.insert("category".into(), prop("string", CATEGORY));
+    filters(&mut p);
+    object(p, &[])
+}
+
+fn get_action_schema() -> Value {
+    let mut p = Map::new();
+    p.insert("name".into(), prop("string", "action 名（接受别名）"));
+    object(p, &["name"])
+}
+
+fn search_actions_schema() -> Value {
+    let mut p = Map::new();
+    p.insert("query".into(), prop("string", "关键字"));
+    p.insert("match".into(), json!({"type": "string", "enum": ["substring", "keywords"], "description": MATCH}));
+    p.insert("category".into(), prop("string", CATEGORY));
+    filters(&mut p);
+    object(p, &["query"])
+}
+
+fn list_categories_schema() -> Value {
+    object(Map::new(), &[])
+}
+
+/// The arguments as an object: Node treats anything else as `{}`.
+fn fields(args: &Value) -> Map<String, Value> {
+    args.as_object().cloned().unwrap_or_default()
+}
+
+/// A string argument of Node's: anything but a string is `""`.
+fn node_string<'a>(args: &'a Map<String, Value>, key: &str) -> &'a str {
+    args.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+fn flag_arg(args: &Map<String, Value>, key: &str) -> Result<Option<bool>, DocError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(DocError::InvalidArguments(format!("{key} 必须是布尔值（true 或 false）。"))),
     }
 }
 
-tool_args! {
-    /// Arguments of `search_actions`: the query, then the same filters and
-    /// page as `list_actions`.
-    pub struct SearchActionsArgs for "search_actions" {
-        /// Text to look for; an empty query matches everything.
-        query: String,
-        /// Matching mode (default substring).
-        #[name = "match"]
-        #[serde(default)]
-        mode: MatchMode,
-        /// Only actions of this category (exact name as list_categories gives it, e.g. 群管理).
-        category: Option<String>,
-        /// Only actions that change nothing (true) or only actions that do (false).
-        read_only: Option<bool>,
-        /// Only Stream API actions (true) or only ordinary ones (false).
-        stream: Option<bool>,
-        /// Page size (1-200). With limit or offset the result adds total and next_offset.
-        #[minimum = 1]
-        #[maximum = 200]
-        limit: Option<u64>,
-        /// Index of the first match to return.
-        #[minimum = 0]
-        offset: Option<u64>,
+/// The filters and page of the list tools.
+#[derive(Debug, Default)]
+struct Filter<'a> {
+    /// Node's rule: a non-string or empty category is no filter.
+    category: Option<&'a str>,
+    read_only: Option<bool>,
+    stream: Option<bool>,
+    limit: Option<u64>,
+    offset: Option<u64>,
+}
+
+impl<'a> Filter<'a> {
+    fn parse(args: &'a Map<String, Value>) -> Result<Filter<'a>, DocError> {
+        let limit = match args.get("limit") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(n) if (1..=MAX_LIMIT).contains(&n) => Some(n),
+                _ => return Err(DocError::InvalidArguments(format!("limit 必须是 1 到 {MAX_LIMIT} 之间的整数。"))),
+            },
+        };
+        let offset = match args.get("offset") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(n) => Some(n),
+                None => return Err(DocError::InvalidArguments("offset 必须是非负整数。".into())),
+            },
+        };
+        Ok(Filter {
+            category: Some(node_string(args, "category")).filter(|c| !c.is_empty()),
+            read_only: flag_arg(args, "read_only")?,
+            stream: flag_arg(args, "stream")?,
+            limit,
+            offset,
+        })
+    }
+
+    fn select<'c>(&self, catalog: &'c Catalog) -> Vec<(usize, &'c crate::Action)> {
+        catalog
+            .actions
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| self.category.is_none_or(|c| a.category == c))
+            .filter(|(_, a)| self.read_only.is_none_or(|r| a.read_only == r))
+            .filter(|(_, a)| self.stream.is_none_or(|s| a.stream == s))
+            .collect()
     }
 }
 
-#[derive(Debug, Default, Deserialize, PartialEq, Eq, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
 enum MatchMode {
-    #[default]
     Substring,
     Keywords,
 }
 
 impl MatchMode {
-    /// Every mode, by its name in arguments.
-    const NAMES: [(MatchMode, &'static str); 2] =
-        [(MatchMode::Substring, "substring"), (MatchMode::Keywords, "keywords")];
-}
-
-impl ArgType for MatchMode {
-    fn schema() -> serde_json::Map<String, Value> {
-        crate::args::string_enum(&MatchMode::NAMES.map(|(_, n)| n))
+    fn parse(args: &Map<String, Value>) -> Result<MatchMode, DocError> {
+        match args.get("match") {
+            None | Some(Value::Null) => Ok(MatchMode::Substring),
+            Some(Value::String(s)) if s == "substring" => Ok(MatchMode::Substring),
+            Some(Value::String(s)) if s == "keywords" => Ok(MatchMode::Keywords),
+            Some(_) => Err(DocError::InvalidArguments("match 必须是 \"substring\" 或 \"keywords\"。".into())),
+        }
     }
 }
 
-tool_args! {
-    /// Arguments of `get_action`.
-    pub struct GetActionArgs for "get_action" {
-        /// Action name or alias, e.g. get_status or nc_get_rkey.
-        name: String,
-    }
-}
-
-tool_args! {
-    /// Arguments of `list_categories`: none.
-    pub struct ListCategoriesArgs for "list_categories" {}
-}
-
-fn parse<T: ToolArgs>(args: &Value) -> Result<T, DocError> {
-    let tool = T::TOOL;
-    let args = if args.is_null() { json!({}) } else { args.clone() };
-    if !args.is_object() {
-        return Err(DocError::InvalidArguments { tool, message: "arguments must be a JSON object".into() });
-    }
-    serde_json::from_value(args)
-        .map_err(|e| DocError::InvalidArguments { tool, message: crate::clip(e.to_string(), 512) })
-}
-
-/// A documentation tool: its name and input schema come from its argument
-/// type, and its answer parses exactly that type.
+/// A documentation tool: its name, its advertised input schema (Node's
+/// properties, then the spec's additions) and its answer.
 #[derive(Clone, Copy)]
 pub struct DocTool {
     pub name: &'static str,
-    /// The tool's `inputSchema` ([`ToolArgs::input_schema`]).
+    /// The tool's `inputSchema`.
     pub input_schema: fn() -> Value,
-    answer: fn(&Catalog, &Value, &BTreeSet<String>) -> Result<Value, DocError>,
+    answer: fn(&Catalog, &Map<String, Value>, &BTreeSet<String>) -> Result<Value, DocError>,
 }
 
 impl std::fmt::Debug for DocTool {
@@ -129,25 +184,13 @@ impl std::fmt::Debug for DocTool {
     }
 }
 
-/// Arguments that answer their tool.
-trait DocArgs: ToolArgs {
-    fn answer(self, catalog: &Catalog, denied: &BTreeSet<String>) -> Result<Value, DocError>;
-}
-
-fn answer<T: DocArgs>(catalog: &Catalog, args: &Value, denied: &BTreeSet<String>) -> Result<Value, DocError> {
-    parse::<T>(args)?.answer(catalog, denied)
-}
-
-impl DocTool {
-    const fn of<T: DocArgs>() -> DocTool {
-        DocTool { name: T::TOOL, input_schema: T::input_schema, answer: answer::<T> }
-    }
-}
-
-pub const LIST_ACTIONS: DocTool = DocTool::of::<ListActionsArgs>();
-pub const GET_ACTION: DocTool = DocTool::of::<GetActionArgs>();
-pub const SEARCH_ACTIONS: DocTool = DocTool::of::<SearchActionsArgs>();
-pub const LIST_CATEGORIES: DocTool = DocTool::of::<ListCategoriesArgs>();
+pub const LIST_ACTIONS: DocTool =
+    DocTool { name: "list_actions", input_schema: list_actions_schema, answer: list_actions };
+pub const GET_ACTION: DocTool = DocTool { name: "get_action", input_schema: get_action_schema, answer: get_action };
+pub const SEARCH_ACTIONS: DocTool =
+    DocTool { name: "search_actions", input_schema: search_actions_schema, answer: search_actions };
+pub const LIST_CATEGORIES: DocTool =
+    DocTool { name: "list_categories", input_schema: list_categories_schema, answer: list_categories };
 
 /// Every documentation tool.
 pub const DOC_TOOLS: [DocTool; 4] = [LIST_ACTIONS, GET_ACTION, SEARCH_ACTIONS, LIST_CATEGORIES];
@@ -163,100 +206,63 @@ fn flag(denied: &BTreeSet<String>, name: &str, mut v: Value) -> Value {
 }
 
 /// Answer one documentation tool. Actions in `denied` (the operator's
-/// policy) stay listed, flagged `"denied_by_policy": true`.
+/// policy) stay listed, flagged `"denied_by_policy": true`. Arguments are
+/// read as Node reads them: anything but an object is `{}`, unknown keys
+/// are ignored.
 pub fn call(catalog: &Catalog, tool: &str, args: &Value, denied: &BTreeSet<String>) -> Result<Value, DocError> {
     match DOC_TOOLS.iter().find(|t| t.name == tool) {
-        Some(t) => (t.answer)(catalog, args, denied),
-        None => Err(DocError::UnknownTool(crate::echo(tool))),
+        Some(t) => (t.answer)(catalog, &fields(args), denied),
+        None => Err(DocError::UnknownTool(crate::plain_echo(tool))),
     }
 }
 
-impl DocArgs for ListActionsArgs {
-    fn answer(self, catalog: &Catalog, denied: &BTreeSet<String>) -> Result<Value, DocError> {
-        let items = filtered(catalog, self.category.as_deref(), self.read_only, self.stream)?;
-        page(
-            Self::TOOL,
-            items.into_iter().map(|(_, a)| flag(denied, &a.name, a.compact())).collect(),
-            self.limit,
-            self.offset,
-        )
-    }
+fn list_actions(catalog: &Catalog, args: &Map<String, Value>, denied: &BTreeSet<String>) -> Result<Value, DocError> {
+    let f = Filter::parse(args)?;
+    let items = f.select(catalog).into_iter().map(|(_, a)| flag(denied, &a.name, a.compact())).collect();
+    page(items, f.limit, f.offset)
 }
 
-impl DocArgs for SearchActionsArgs {
-    fn answer(self, catalog: &Catalog, denied: &BTreeSet<String>) -> Result<Value, DocError> {
-        let items = filtered(catalog, self.category.as_deref(), self.read_only, self.stream)?;
-        let hits: Vec<Value> = match self.mode {
-            MatchMode::Substring => {
-                let q = search::SubstringQuery::new(&self.query);
-                items
-                    .into_iter()
-                    .filter(|(_, a)| q.matches(a))
-                    .map(|(_, a)| flag(denied, &a.name, a.compact()))
-                    .collect()
-            }
-            MatchMode::Keywords => {
-                let q = search::KeywordQuery::parse(&self.query)
-                    .map_err(|e| DocError::InvalidArguments { tool: Self::TOOL, message: e.to_string() })?;
-                let mut ranked: Vec<((u8, usize), usize, Value)> = items
-                    .into_iter()
-                    .filter_map(|(i, a)| q.rank(a).map(|r| (r, i, flag(denied, &a.name, a.compact()))))
-                    .collect();
-                ranked.sort_by_key(|(r, i, _)| (*r, *i));
-                ranked.into_iter().map(|(_, _, v)| v).collect()
-            }
-        };
-        page(Self::TOOL, hits, self.limit, self.offset)
-    }
+fn search_actions(catalog: &Catalog, args: &Map<String, Value>, denied: &BTreeSet<String>) -> Result<Value, DocError> {
+    let f = Filter::parse(args)?;
+    let query = node_string(args, "query");
+    let items = f.select(catalog);
+    let hits: Vec<Value> = match MatchMode::parse(args)? {
+        MatchMode::Substring => {
+            let q = search::SubstringQuery::new(query);
+            items.into_iter().filter(|(_, a)| q.matches(a)).map(|(_, a)| flag(denied, &a.name, a.compact())).collect()
+        }
+        MatchMode::Keywords => {
+            let q = search::KeywordQuery::parse(query).map_err(|e| DocError::InvalidArguments(e.to_string()))?;
+            let mut ranked: Vec<((u8, usize), usize, Value)> = items
+                .into_iter()
+                .filter_map(|(i, a)| q.rank(a).map(|r| (r, i, flag(denied, &a.name, a.compact()))))
+                .collect();
+            ranked.sort_by_key(|(r, i, _)| (*r, *i));
+            ranked.into_iter().map(|(_, _, v)| v).collect()
+        }
+    };
+    page(hits, f.limit, f.offset)
 }
 
-impl DocArgs for GetActionArgs {
-    fn answer(self, catalog: &Catalog, denied: &BTreeSet<String>) -> Result<Value, DocError> {
-        catalog
-            .get(&self.name)
-            .map(|a| flag(denied, &a.name, a.doc.clone()))
-            .ok_or_else(|| DocError::UnknownAction(crate::echo(&self.name)))
-    }
+fn get_action(catalog: &Catalog, args: &Map<String, Value>, denied: &BTreeSet<String>) -> Result<Value, DocError> {
+    let name = node_string(args, "name");
+    catalog
+        .get(name)
+        .map(|a| flag(denied, &a.name, a.doc.clone()))
+        .ok_or_else(|| DocError::UnknownAction(crate::json_echo(name)))
 }
 
-impl DocArgs for ListCategoriesArgs {
-    fn answer(self, catalog: &Catalog, _denied: &BTreeSet<String>) -> Result<Value, DocError> {
-        Ok(Value::Array(catalog.categories.iter().map(|(c, n)| json!({"category": c, "count": n})).collect()))
-    }
-}
-
-fn filtered<'c>(
-    catalog: &'c Catalog,
-    category: Option<&str>,
-    read_only: Option<bool>,
-    stream: Option<bool>,
-) -> Result<Vec<(usize, &'c crate::Action)>, DocError> {
-    if let Some(c) = category
-        && !catalog.categories.iter().any(|(k, _)| k == c)
-    {
-        let known = catalog.categories.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ");
-        return Err(DocError::UnknownCategory { given: crate::echo(c), known });
-    }
-    Ok(catalog
-        .actions
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| category.is_none_or(|c| a.category == c))
-        .filter(|(_, a)| read_only.is_none_or(|r| a.read_only == r))
-        .filter(|(_, a)| stream.is_none_or(|s| a.stream == s))
-        .collect())
+fn list_categories(catalog: &Catalog, _: &Map<String, Value>, _: &BTreeSet<String>) -> Result<Value, DocError> {
+    Ok(Value::Array(catalog.categories.iter().map(|(c, n)| json!({"category": c, "count": n})).collect()))
 }
 
 pub const MAX_LIMIT: u64 = 200;
 
-fn page(tool: &'static str, items: Vec<Value>, limit: Option<u64>, offset: Option<u64>) -> Result<Value, DocError> {
+fn page(items: Vec<Value>, limit: Option<u64>, offset: Option<u64>) -> Result<Value, DocError> {
     if limit.is_none() && offset.is_none() {
         return Ok(json!({"count": items.len(), "actions": items}));
     }
     let limit = limit.unwrap_or(MAX_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(DocError::InvalidArguments { tool, message: format!("limit must be between 1 and {MAX_LIMIT}") });
-    }
     let offset = offset.unwrap_or(0);
     let total = items.len();
     let start = usize::try_from(offset).unwrap_or(usize::MAX).min(total);
@@ -275,92 +281,82 @@ pub fn read_resource(catalog: &Catalog, uri: &str) -> Result<String, DocError> {
     if let Some(name) = uri.strip_prefix(prefix)
         && let Some(a) = catalog.get(name)
     {
-        return serde_json::to_string_pretty(&a.doc).map_err(|_| DocError::ResourceNotFound(crate::echo(uri)));
+        return serde_json::to_string_pretty(&a.doc).map_err(|_| DocError::ResourceNotFound(crate::plain_echo(uri)));
     }
-    Err(DocError::ResourceNotFound(crate::echo(uri)))
+    Err(DocError::ResourceNotFound(crate::plain_echo(uri)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A value of the type a property's schema names (the smallest allowed
-    /// integer, the first enum name).
-    fn sample(schema: &Value) -> Value {
-        if let Some(first) = schema["enum"].get(0) {
-            return first.clone();
-        }
-        match schema["type"].as_str() {
-            Some("string") => json!("x"),
-            Some("boolean") => json!(true),
-            Some("integer") => schema.get("minimum").cloned().unwrap_or(json!(0)),
-            other => panic!("no sample for {other:?}"),
-        }
+    fn ask(tool: &str, args: Value) -> Result<Value, DocError> {
+        call(Catalog::bundled(), tool, &args, &BTreeSet::new())
     }
 
-    fn parses(tool: &DocTool, args: Value) -> bool {
-        let catalog = Catalog::bundled();
-        !matches!(call(catalog, tool.name, &args, &BTreeSet::new()), Err(DocError::InvalidArguments { .. }))
+    fn count(v: &Value) -> u64 {
+        v["count"].as_u64().unwrap()
     }
 
-    /// Each documentation tool's advertised schema and its parser agree:
-    /// every property is accepted with a value of its type, nothing else
-    /// is, and exactly the `required` properties must be present.
+    /// Node's arguments are read as Node reads them: a wrong type is the
+    /// empty value, unknown keys are ignored, anything but an object is `{}`.
     #[test]
-    fn advertised_schemas_match_the_parsers() {
+    fn node_arguments_are_never_refused() {
+        let all = Catalog::bundled().actions.len() as u64;
+        assert_eq!(count(&ask("list_actions", json!({"category": ""})).unwrap()), all);
+        assert_eq!(count(&ask("list_actions", json!({"category": 5})).unwrap()), all);
+        assert_eq!(count(&ask("list_actions", json!({"category": "没有"})).unwrap()), 0);
+        assert_eq!(count(&ask("list_actions", json!({"category": " 群管理"})).unwrap()), 0);
+        assert_eq!(count(&ask("list_actions", json!({"extra": 1})).unwrap()), all);
+        assert_eq!(count(&ask("list_actions", json!([1])).unwrap()), all);
+        assert_eq!(count(&ask("search_actions", json!({})).unwrap()), all);
+        assert_eq!(count(&ask("search_actions", json!({"query": 7})).unwrap()), all);
+        assert_eq!(
+            ask("get_action", json!({"name": null})).unwrap_err().to_string(),
+            "未找到 action: \"\"。用 list_actions / search_actions 查可用项。"
+        );
+        assert!(ask("list_categories", json!({"anything": true})).is_ok());
+    }
+
+    /// The spec's added arguments are checked, with texts in Node's style.
+    #[test]
+    fn added_arguments_are_checked() {
+        for (tool, args) in [
+            ("list_actions", json!({"limit": 0})),
+            ("list_actions", json!({"limit": 201})),
+            ("list_actions", json!({"limit": "3"})),
+            ("list_actions", json!({"offset": -1})),
+            ("list_actions", json!({"read_only": "yes"})),
+            ("search_actions", json!({"query": "x", "stream": 1})),
+            ("search_actions", json!({"query": "x", "match": "regex"})),
+        ] {
+            assert!(matches!(ask(tool, args.clone()), Err(DocError::InvalidArguments(_))), "{tool} {args}");
+        }
+        let page = ask("list_actions", json!({"limit": 2, "offset": 1})).unwrap();
+        assert_eq!((page["count"].as_u64(), page["next_offset"].as_u64()), (Some(2), Some(3)));
+    }
+
+    /// Each tool's advertised schema lists Node's property first, then ours,
+    /// and refuses nothing it advertises.
+    #[test]
+    fn advertised_properties_are_accepted() {
+        let sample = |s: &Value| match s["type"].as_str() {
+            Some("string") => s["enum"].get(0).cloned().unwrap_or(json!("get_status")),
+            Some("boolean") => json!(true),
+            Some("integer") => s.get("minimum").cloned().unwrap_or(json!(1)),
+            other => panic!("{other:?}"),
+        };
         for tool in DOC_TOOLS {
             let schema = (tool.input_schema)();
-            assert_eq!(schema["type"], "object");
-            assert_eq!(schema["additionalProperties"], false, "{}", tool.name);
             let props = schema["properties"].as_object().unwrap();
-            let required: Vec<&str> = schema
-                .get("required")
-                .map(|r| r.as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect())
-                .unwrap_or_default();
-            let all: serde_json::Map<String, Value> = props.iter().map(|(k, s)| (k.clone(), sample(s))).collect();
-            assert!(parses(&tool, Value::Object(all.clone())), "{}: every property", tool.name);
-            let mut extra = all.clone();
-            extra.insert("unknown_property".into(), json!(1));
-            assert!(!parses(&tool, Value::Object(extra)), "{}: an unknown property", tool.name);
-            for name in props.keys() {
-                let mut without = all.clone();
-                without.remove(name);
-                assert_eq!(
-                    parses(&tool, Value::Object(without)),
-                    !required.contains(&name.as_str()),
-                    "{}: without {name}",
-                    tool.name
-                );
-                let mut wrong = all.clone();
-                wrong.insert(name.clone(), json!([]));
-                assert!(!parses(&tool, Value::Object(wrong)), "{}: {name} of the wrong type", tool.name);
-            }
+            let args: Map<String, Value> = props.iter().map(|(k, s)| (k.clone(), sample(s))).collect();
+            assert!(ask(tool.name, Value::Object(args)).is_ok(), "{}", tool.name);
         }
-    }
-
-    #[test]
-    fn match_mode_names_are_the_parsed_ones() {
-        for (mode, name) in MatchMode::NAMES {
-            assert_eq!(serde_json::from_value::<MatchMode>(json!(name)).unwrap(), mode);
-        }
-        // Every variant is named (a new one fails to compile here).
-        for (mode, _) in MatchMode::NAMES {
-            match mode {
-                MatchMode::Substring | MatchMode::Keywords => {}
-            }
-        }
-        assert_eq!(MatchMode::NAMES.len(), 2);
     }
 
     #[test]
     fn the_table_answers_by_name() {
-        let catalog = Catalog::bundled();
-        let none = BTreeSet::new();
-        assert!(call(catalog, "list_categories", &Value::Null, &none).is_ok());
-        assert_eq!(call(catalog, "nope", &json!({}), &none), Err(DocError::UnknownTool(crate::echo("nope"))));
-        assert!(matches!(
-            call(catalog, "get_action", &json!([]), &none),
-            Err(DocError::InvalidArguments { tool: "get_action", .. })
-        ));
+        assert!(ask("list_categories", Value::Null).is_ok());
+        assert_eq!(ask("nope", json!({})), Err(DocError::UnknownTool("nope".into())));
     }
 }

@@ -17,6 +17,7 @@ pub mod outcome;
 pub mod sockio;
 pub mod task;
 pub mod text;
+pub mod texts;
 
 pub use frame::{FrameError, MAX_FRAME_BYTES, read_frame, write_frame};
 pub use msg::*;

@@ -1,8 +1,9 @@
 //! `cargo run -p snowluma-catalog --bin gen-catalog [-- --check | --draft]`
 //!
-//! Regenerates `catalog/generated/catalog.json` from `catalog/defs/`.
-//! `--check` only reports whether the committed file is fresh; `--draft`
-//! skips the completeness checks (for work in progress; never committed).
+//! Regenerates `catalog/generated/catalog.json` from `catalog/upstream/`
+//! and `catalog/overlay/`. `--check` only reports whether the committed file
+//! is fresh; `--draft` skips the completeness checks (for work in progress;
+//! never committed).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -13,7 +14,7 @@ fn main() -> ExitCode {
     let draft = args.iter().any(|a| a == "--draft");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = root.join("generated/catalog.json");
-    let text = match snowluma_catalog::generate::generate(&root.join("defs"), !draft) {
+    let text = match snowluma_catalog::generate::generate(root, !draft) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("gen-catalog: {e}");
