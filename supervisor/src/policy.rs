@@ -2,9 +2,11 @@
 //! `SNOWLUMA_MCP_DENY_ACTIONS`, and a default-deny set of actions that leak
 //! credentials or control the host.
 //!
-//! Names and aliases resolve to canonical catalog names, and an `_async`
-//! suffix is stripped first, so neither an alias nor the async form of an
-//! action can slip past a deny. A deny always wins; with an allow list,
+//! Calls name an action exactly (name or alias, as Node: an `_async` form is
+//! an unknown action). The operator's lists resolve names and aliases to
+//! canonical catalog names and also accept an `_async` form (configurations
+//! written for earlier releases keep working), so an alias cannot slip past
+//! a deny. A deny always wins; with an allow list,
 //! only listed actions run (listing a default-denied action allows it);
 //! without one, everything but the default-deny set runs.
 
@@ -42,10 +44,15 @@ pub struct PolicyError {
     pub name: String,
 }
 
-/// Resolve a caller's action name: exact name or alias, else the same with
-/// an `_async` suffix removed. Returns the catalog action.
+/// Resolve a caller's action name: the exact name or an alias, as Node.
 pub fn resolve<'c>(catalog: &'c Catalog, name: &str) -> Option<&'c Action> {
-    catalog.get(name).or_else(|| name.strip_suffix("_async").and_then(|base| catalog.get(base)))
+    catalog.get(name)
+}
+
+/// Resolve a name in the operator's lists: [`resolve`], else the same with
+/// an `_async` suffix removed.
+fn resolve_listed<'c>(catalog: &'c Catalog, name: &str) -> Option<&'c Action> {
+    resolve(catalog, name).or_else(|| name.strip_suffix("_async").and_then(|base| catalog.get(base)))
 }
 
 fn parse_list(
@@ -58,7 +65,7 @@ fn parse_list(
     };
     let mut out = BTreeSet::new();
     for item in raw.split([',', ' ', '\n']).map(str::trim).filter(|s| !s.is_empty()) {
-        match resolve(catalog, item) {
+        match resolve_listed(catalog, item) {
             Some(a) => {
                 out.insert(a.name.clone());
             }
@@ -95,12 +102,12 @@ impl Policy {
     /// Why an action is refused (for the error message).
     pub fn reason(&self, action: &Action) -> String {
         if self.deny.contains(&action.name) {
-            "it is listed in SNOWLUMA_MCP_DENY_ACTIONS".into()
+            "它列在 SNOWLUMA_MCP_DENY_ACTIONS 中".into()
         } else if self.allow.is_some() {
-            "it is not listed in SNOWLUMA_MCP_ALLOW_ACTIONS".into()
+            "它不在 SNOWLUMA_MCP_ALLOW_ACTIONS 中".into()
         } else {
             let why = DEFAULT_DENY.iter().find(|(n, _)| *n == action.name).map(|(_, w)| *w).unwrap_or("");
-            format!("it is denied by default ({why}); the operator can allow it with SNOWLUMA_MCP_ALLOW_ACTIONS")
+            format!("默认拒绝（{why}）；运维可用 SNOWLUMA_MCP_ALLOW_ACTIONS 放行")
         }
     }
 
@@ -139,6 +146,7 @@ mod tests {
         let p = Policy::from_config(c, Some("get_status"), Some("get_status_async")).unwrap();
         assert!(!p.permits(c.get("get_status").unwrap()), "deny wins, _async normalized");
         assert!(Policy::from_config(c, None, Some("no_such")).is_err());
-        assert_eq!(resolve(c, "send_group_msg_async").unwrap().name, "send_group_msg");
+        assert!(resolve(c, "send_group_msg_async").is_none(), "calls name actions exactly, as Node");
+        assert_eq!(resolve_listed(c, "send_group_msg_async").unwrap().name, "send_group_msg");
     }
 }

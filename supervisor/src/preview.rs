@@ -258,10 +258,10 @@ pub fn input_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
-            "message_type": {"type": "string", "enum": ["group", "private"], "description": "group: a QQ group; private: a one-to-one chat."},
-            "target_id": {"type": "integer", "minimum": 1, "maximum": MAX_SAFE_INTEGER, "description": "The group number (group) or user number (private)."},
-            "text": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "description": "The message text, sent literally (CQ codes are not interpreted). At most 10000 characters."},
-            "reply_to": {"type": "integer", "minimum": i32::MIN, "maximum": i32::MAX, "description": "Optional: quote this message (a non-zero signed 32-bit message_id from an event or a send result)."}
+            "message_type": {"type": "string", "enum": ["group", "private"], "description": "group：QQ 群；private：私聊。group: a QQ group; private: a one-to-one chat."},
+            "target_id": {"type": "integer", "minimum": 1, "maximum": MAX_SAFE_INTEGER, "description": "群号（group）或 QQ 号（private）。The group or user number."},
+            "text": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "description": "消息文本，按字面发送（不解析 CQ 码），最多 10000 个字符。The message text, sent literally."},
+            "reply_to": {"type": "integer", "minimum": i32::MIN, "maximum": i32::MAX, "description": "可选：引用回复这条消息（来自事件或发送结果的非零 32 位有符号 message_id）。Optional: the message to quote."}
         },
         "required": ["message_type", "target_id", "text"],
         "additionalProperties": false

@@ -33,7 +33,7 @@ snowluma_catalog::tool_args! {
     /// Arguments of `get_runtime_info` (its input schema is generated from
     /// this declaration).
     pub struct RuntimeInfoArgs for "get_runtime_info" {
-        /// Also query the server (read/write modes only).
+        /// 另外查询服务器（仅读/写模式）：get_login_info、get_status、get_version_info。Also query the server (read/write modes only).
         #[serde(default)]
         check_connection: bool,
     }

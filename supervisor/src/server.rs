@@ -222,8 +222,9 @@ impl SnowlumaServer {
         };
         // Every gate (mode, endpoint, catalog, params, policy) is checked
         // again by exec_call; this one only decides whether a task fits.
-        let parsed = gates::arguments(spec.name, args.clone())?;
+        let mut parsed = gates::arguments(args.clone());
         let action = gates::catalog_action(self.catalog, &parsed.action)?;
+        gates::execution(&mut parsed, action)?;
         if !action.stream {
             return Err(ToolReply::error(
                 Diagnostics::failed(
@@ -406,15 +407,16 @@ impl SnowlumaServer {
         task_progress: Option<tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>>,
     ) -> Result<ToolReply, ToolReply> {
         let tool = spec.name;
-        let mut args = gates::arguments(tool, args)?;
-        // The mode, re-checked on every call.
+        // The mode first (re-checked on every call), as Node.
         if !spec.modes.contains(self.config.mode) {
-            return Err(gates::mode_refusal(tool, spec.modes.need(), self.config.mode));
+            return Err(gates::mode_refusal(spec.modes));
         }
+        let mut args = gates::arguments(args);
         let network = gates::endpoint(self.workers.network.as_ref())?;
         let action = gates::catalog_action(self.catalog, &args.action)?;
-        gates::read_only(spec.handler.read_only_tool(), action)?;
-        let params = gates::params(args.params.take())?;
+        gates::read_only(spec.handler.read_only_tool(), action, &args.action)?;
+        gates::execution(&mut args, action)?;
+        let params = gates::params(args.params.take());
         // File transfers: which one, and whether this server can do it.
         let transfer = crate::transfers::plan(self.transfers.as_deref(), action, &params, args.input_file())?;
         // What the audit records say about this action (only when auditing).
@@ -605,15 +607,16 @@ impl SnowlumaServer {
     /// action and its params when the call would pass them all.
     /// The third value: the call is an automatic upload (`execution.input_file`).
     fn gated(&self, spec: ToolSpec, args: &Value) -> Option<(&'static snowluma_catalog::Action, Value, bool)> {
-        let parsed = gates::arguments(spec.name, args.clone()).ok()?;
         if !spec.modes.contains(self.config.mode) {
             return None;
         }
+        let mut parsed = gates::arguments(args.clone());
         gates::endpoint(self.workers.network.as_ref()).ok()?;
         let action = gates::catalog_action(self.catalog, &parsed.action).ok()?;
-        gates::read_only(spec.handler.read_only_tool(), action).ok()?;
+        gates::read_only(spec.handler.read_only_tool(), action, &parsed.action).ok()?;
+        gates::execution(&mut parsed, action).ok()?;
         let automatic_upload = parsed.input_file().is_some();
-        let params = gates::params(parsed.params).ok()?;
+        let params = gates::params(parsed.params);
         gates::policy(&self.policy, action).ok()?;
         Some((action, params, automatic_upload))
     }
@@ -877,7 +880,7 @@ impl ServerHandler for SnowlumaServer {
         let Some(spec) = tools::find(&request.name).filter(|t| self.events.is_some() || !t.handler.needs_events())
         else {
             return Err(McpError::invalid_params(
-                format!("unknown tool {}", snowluma_catalog::echo(&request.name)),
+                format!("未知工具: {}", snowluma_catalog::plain_echo(&request.name)),
                 Some(
                     json!({"tools": tools::listed(self.config.mode, self.events.is_some(), false).iter().map(|t| t.name.clone()).collect::<Vec<_>>()}),
                 ),
@@ -917,7 +920,7 @@ impl ServerHandler for SnowlumaServer {
             return Ok(render(reply, &trace).into());
         }
         let reply = if !spec.modes.contains(self.config.mode) {
-            gates::mode_refusal(spec.name, spec.modes.need(), self.config.mode)
+            gates::mode_refusal(spec.modes)
         } else {
             match spec.handler {
                 Handler::Doc => self.doc_call(spec.name, args, &ctx.ct).await,
@@ -1009,14 +1012,19 @@ impl ServerHandler for SnowlumaServer {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        let res = Resource::new(CATALOG_URI, "onebot-actions")
-            .with_description("The bundled SnowLuma OneBot v11 action catalog: every action with parameters, result schema and examples.")
+        // Node's name, description and MIME type (`resource.*` in node-texts.tsv).
+        let res = Resource::new(CATALOG_URI, "SnowLuma OneBot action catalog")
+            .with_description(format!(
+                "SnowLuma v{} 的 {} 个 OneBot action 完整目录（文档 + JSON Schema）。",
+                self.catalog.version,
+                self.catalog.actions.len()
+            ))
             .with_mime_type("application/json");
         let mut all = vec![res];
         if crate::preview::ui_declared(&ctx) {
             all.push(
                 Resource::new(crate::preview::UI_URI, "preview-message-panel")
-                    .with_description("The message preview panel of preview_message (MCP Apps): shows a draft and sends it through invoke_action only when the user clicks.")
+                    .with_description("preview_message 的消息预览面板（MCP Apps）：显示草稿，仅在用户点击时通过 invoke_action 发送。The message preview panel of preview_message.")
                     .with_mime_type(crate::preview::UI_MIME),
             );
         }
@@ -1025,7 +1033,7 @@ impl ServerHandler for SnowlumaServer {
                 all.push(
                     Resource::new(uri.clone(), uri.trim_start_matches("snowluma://onebot/"))
                         .with_description(format!(
-                            "Live OneBot events of account {self_id} received since subscribe_events (read with ?after=<cursor> for newer ones)."
+                            "账号 {self_id} 自 subscribe_events 起收到的实时 OneBot 事件（用 ?after=<cursor> 读取更新的条目）。Live OneBot events of account {self_id}."
                         ))
                         .with_mime_type("application/json"),
                 );
@@ -1046,7 +1054,7 @@ impl ServerHandler for SnowlumaServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
         let t = ResourceTemplate::new(ACTION_URI_TEMPLATE, "onebot-action")
-            .with_description("One action's complete contract, by name or alias.")
+            .with_description("单个 action 的完整文档（按名称或别名）。One action's complete contract, by name or alias.")
             .with_mime_type("application/json");
         let mut out = ListResourceTemplatesResult::with_all_items(vec![t]);
         if is_modern(&ctx) {
@@ -1116,8 +1124,8 @@ impl ServerHandler for SnowlumaServer {
                 Ok(out.into())
             }
             Ok(Reply::Error(WorkerError::ResourceNotFound(_))) => {
-                let shown = snowluma_catalog::echo(&uri);
-                Err(McpError::resource_not_found(format!("resource not found: {shown}"), uri_data(&uri)))
+                let shown = snowluma_catalog::plain_echo(&uri);
+                Err(McpError::resource_not_found(format!("unknown resource: {shown}"), uri_data(&uri)))
             }
             Ok(_) => Err(McpError::internal_error("catalog worker answered unexpectedly", None)),
             Err(e) => Err(McpError::internal_error(e.to_string(), None)),
@@ -1181,7 +1189,10 @@ fn uri_data(uri: &str) -> Option<Value> {
 fn events_error(e: EventsError, uri: &str) -> McpError {
     let shown = snowluma_catalog::echo(uri);
     match e {
-        EventsError::NotFound => McpError::resource_not_found(format!("resource not found: {shown}"), uri_data(uri)),
+        EventsError::NotFound => McpError::resource_not_found(
+            format!("unknown resource: {}", snowluma_catalog::plain_echo(uri)),
+            uri_data(uri),
+        ),
         other => McpError::invalid_params(other.to_string(), Some(json!({"uri": shown}))),
     }
 }

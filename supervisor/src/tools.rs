@@ -67,10 +67,6 @@ impl Modes {
         }
     }
 
-    /// The modes an operator may set for such a tool, as a refusal names them.
-    pub fn need(self) -> &'static str {
-        if self.read { "read or write" } else { "write" }
-    }
 }
 
 /// A tool's annotations (MCP's behaviour hints).
@@ -113,28 +109,28 @@ const fn doc(tool: DocTool, description: &'static str, result_schema: fn() -> Va
 
 pub const LIST_ACTIONS: ToolSpec = doc(
     doc_tools::LIST_ACTIONS,
-    "List the bundled SnowLuma OneBot v11 actions in catalog order, optionally filtered by category, read_only and stream, with optional pagination. Reads only the bundled catalog.",
+    "列出所有 OneBot action（可按 category 过滤）。返回轻量索引（名称/分类/摘要/别名/是否只读/是否为 Stream Action）。",
     compact_list_schema,
 );
 
 pub const GET_ACTION: ToolSpec = doc(
     doc_tools::GET_ACTION,
-    "Get one action's complete contract by name or alias: parameters, inputSchema, returnsSchema (the successful OneBot data), examples and notes.",
+    "获取某个 OneBot action 的完整文档：摘要、参数表、跨字段约束、返回、是否只读，以及可直接用于构造调用的参数 JSON Schema（inputSchema）。",
     any_object,
 );
 
 pub const SEARCH_ACTIONS: ToolSpec = doc(
     doc_tools::SEARCH_ACTIONS,
-    "Search actions by name, alias or summary. Default: case-insensitive substring in catalog order. match=\"keywords\": space-separated terms combined with AND, common Chinese/English synonyms (e.g. 群 禁言), exact names and aliases first.",
+    "按关键字模糊搜索 action（匹配名称 / 摘要 / 别名）。返回轻量索引。",
     compact_list_schema,
 );
 
 pub const LIST_CATEGORIES: ToolSpec =
-    doc(doc_tools::LIST_CATEGORIES, "List the action categories with their action counts.", categories_schema);
+    doc(doc_tools::LIST_CATEGORIES, "列出所有分类及其 action 数量。", categories_schema);
 
 pub const QUERY_ACTION: ToolSpec = ToolSpec {
     name: "query_action",
-    description: "Execute a read-only OneBot action against the configured SnowLuma server and return its envelope {status, retcode, data} unchanged. Refuses actions that change state; use invoke_action in write mode for those.",
+    description: "调用一个【只读】OneBot action（如 get_*/can_*）并返回完整响应。仅接受只读 action；写操作请用 invoke_action。",
     modes: Modes::READ_WRITE,
     input_schema: exec_input,
     result_schema: query_result_schema,
@@ -144,7 +140,7 @@ pub const QUERY_ACTION: ToolSpec = ToolSpec {
 
 pub const INVOKE_ACTION: ToolSpec = ToolSpec {
     name: "invoke_action",
-    description: "Execute any catalog OneBot action (including writes and Stream API actions) against the configured SnowLuma server. Write mode only. Never retried automatically: check diagnostics.outcome, status and retcode.",
+    description: "调用一个 OneBot action（可产生副作用）。Stream 下载会写入 MCP 主机受控目录并只返回文件元数据；upload_file_stream 可用 execution.input_file 自动分块上传。仅在写模式可用。",
     modes: Modes::WRITE,
     input_schema: exec_input,
     result_schema: invoke_result_schema,
@@ -154,7 +150,7 @@ pub const INVOKE_ACTION: ToolSpec = ToolSpec {
 
 pub const GET_RUNTIME_INFO: ToolSpec = ToolSpec {
     name: crate::runtime::RuntimeInfoArgs::TOOL,
-    description: "Describe this server's effective configuration without contacting SnowLuma: mode, catalog version, limits and paths on the MCP host. With check_connection=true (read/write modes) it also queries get_login_info, get_status and get_version_info.",
+    description: "查看本服务器的有效配置，不联系 SnowLuma：模式、内置目录的版本与 action 数、执行限制以及 MCP 主机上的路径（不含端点地址与令牌）。check_connection=true 时（读/写模式）另外用只读通道查询 get_login_info、get_status 与 get_version_info。Describes this server's effective configuration without contacting SnowLuma.",
     modes: Modes::ALL,
     input_schema: crate::runtime::RuntimeInfoArgs::input_schema,
     result_schema: any_object,
@@ -164,7 +160,7 @@ pub const GET_RUNTIME_INFO: ToolSpec = ToolSpec {
 
 pub const QUERY_ACTION_WITH_INPUT: ToolSpec = ToolSpec {
     name: "query_action_with_input",
-    description: "Like query_action, but when params lacks a field the action requires, first asks the user for the missing fields through an input form (clients with form elicitation); nothing is guessed. With complete params it runs at once.",
+    description: "同 query_action；若 params 缺少该 action 必需的字段，先通过输入表单（客户端需支持 form elicitation）向用户询问缺少的字段，不做任何猜测。参数齐全时直接执行。Like query_action, but first asks the user for missing required params.",
     modes: Modes::READ_WRITE,
     input_schema: exec_input,
     result_schema: query_result_schema,
@@ -174,7 +170,7 @@ pub const QUERY_ACTION_WITH_INPUT: ToolSpec = ToolSpec {
 
 pub const INVOKE_ACTION_WITH_INPUT: ToolSpec = ToolSpec {
     name: "invoke_action_with_input",
-    description: "Like invoke_action (write mode), but when params lacks a field the action requires, first asks the user for the missing fields through an input form (clients with form elicitation); provided fields cannot be changed by the answer. With complete params it runs at once.",
+    description: "同 invoke_action（仅在写模式可用）；若 params 缺少该 action 必需的字段，先通过输入表单（客户端需支持 form elicitation）向用户询问，已提供的字段不会被回答改写。参数齐全时直接执行。Like invoke_action, but first asks the user for missing required params.",
     modes: Modes::WRITE,
     input_schema: exec_input,
     result_schema: invoke_result_schema,
@@ -184,7 +180,7 @@ pub const INVOKE_ACTION_WITH_INPUT: ToolSpec = ToolSpec {
 
 pub const SUBSCRIBE_EVENTS: ToolSpec = ToolSpec {
     name: "subscribe_events",
-    description: "Create a live event resource for the logged-in account self_id (see get_login_info): events received from now on that match types (message incl. message_sent, notice, request; default all), group_ids and user_ids (AND; a group filter excludes events without group_id) are buffered (256 events / 1 MiB, oldest evicted). Returns its snowluma://onebot/events/<id> URI: read it with resources/read (?after=<next_cursor> for newer entries), get updates with subscriptions/listen or resources/subscribe, release it with unsubscribe_events. Sends nothing to QQ and runs no action.",
+    description: "为已登录账号 self_id（见 get_login_info）创建实时事件资源：此后收到的、符合 types（message 含 message_sent、notice、request；默认全部）、group_ids 与 user_ids（条件取交集；群过滤会排除没有 group_id 的事件）的事件被缓存（最多 256 条 / 1 MiB，超出时丢弃最旧的）。返回 snowluma://onebot/events/<id>：用 resources/read 读取（?after=<next_cursor> 取更新的条目），用 subscriptions/listen 或 resources/subscribe 接收更新通知，用 unsubscribe_events 释放。不发送任何 QQ 消息，也不执行任何 action。Creates a live event resource; sends nothing to QQ.",
     modes: Modes::READ_WRITE,
     input_schema: subscribe_events_input,
     result_schema: subscribe_events_result,
@@ -194,7 +190,7 @@ pub const SUBSCRIBE_EVENTS: ToolSpec = ToolSpec {
 
 pub const UNSUBSCRIBE_EVENTS: ToolSpec = ToolSpec {
     name: "unsubscribe_events",
-    description: "Release a live event resource created by subscribe_events (its buffer is discarded). Releasing the last one closes the event connection.",
+    description: "释放 subscribe_events 创建的实时事件资源（丢弃其缓存）；释放最后一个时关闭事件连接。Releases a live event resource.",
     modes: Modes::READ_WRITE,
     input_schema: unsubscribe_events_input,
     result_schema: any_object,
@@ -204,7 +200,7 @@ pub const UNSUBSCRIBE_EVENTS: ToolSpec = ToolSpec {
 
 pub const PREVIEW_MESSAGE: ToolSpec = ToolSpec {
     name: "preview_message",
-    description: "Build a draft of a text message (group or private, optionally quoting a message) without sending anything or contacting SnowLuma, in every mode. Returns a readable draft, can_send (write mode, an endpoint and the send action allowed by policy) and the exact invoke_action arguments that would send it; the text stays literal (CQ codes are not interpreted). Hosts with MCP Apps show it in a panel with a send button.",
+    description: "构造一条文本消息（群聊或私聊，可引用回复一条消息）的草稿，不发送、不联系 SnowLuma，所有模式可用。返回可读草稿、can_send（写模式、已配置端点且策略允许发送 action 时为 true）以及发送它所需的 invoke_action 参数；文本保持字面（不解析 CQ 码）。支持 MCP Apps 的主机会在带发送按钮的面板中显示它。Builds a message draft without sending anything.",
     modes: Modes::ALL,
     input_schema: crate::preview::input_schema,
     result_schema: crate::preview::result_schema,
@@ -232,7 +228,7 @@ pub const TOOLS: [ToolSpec; 12] = [
 /// declare the tasks extension, on a server with a usable task directory.
 pub const INVOKE_ACTION_BACKGROUND: ToolSpec = ToolSpec {
     name: "invoke_action_background",
-    description: "Like invoke_action (write mode), but only for catalog stream actions (downloads, generic streams, upload_file_stream with execution.input_file), run as a persistent background task: the task record is written before work starts and the call returns a task handle at once. Poll tasks/get for the state and the saved result. Never retried or replayed.",
+    description: "同 invoke_action（仅在写模式可用），但只接受目录中的 Stream Action（下载、通用流、带 execution.input_file 的 upload_file_stream），作为持久后台任务运行：先写入任务记录再开始，立即返回任务句柄；用 tasks/get 轮询状态与保存的结果。不会自动重试或重放。Runs a stream action as a persistent background task.",
     modes: Modes::WRITE,
     input_schema: exec_input,
     result_schema: invoke_result_schema,
@@ -243,7 +239,7 @@ pub const INVOKE_ACTION_BACKGROUND: ToolSpec = ToolSpec {
 /// `list_tasks`: metadata of persisted tasks, no result bodies.
 pub const LIST_TASKS: ToolSpec = ToolSpec {
     name: "list_tasks",
-    description: "List persisted background tasks (metadata only, no results), oldest first. Optional cursor (from nextCursor) and limit 1-100 (default 50).",
+    description: "列出持久化的后台任务（只有元数据，不含结果），最早创建的在前。可选 cursor（取自 nextCursor）与 limit 1–100（默认 50）。Lists persisted background tasks.",
     modes: Modes::WRITE,
     input_schema: list_tasks_input,
     result_schema: list_tasks_schema,
@@ -259,8 +255,8 @@ fn list_tasks_input() -> Value {
     json!({
         "type": "object",
         "properties": {
-            "cursor": {"type": "string", "description": "nextCursor of the previous page."},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 50}
+            "cursor": {"type": "string", "description": "上一页结果的 nextCursor。nextCursor of the previous page."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 50, "description": "每页任务数（1–100，默认 50）。Tasks per page."}
         },
         "additionalProperties": false
     })
@@ -358,15 +354,15 @@ fn exec_input() -> Value {
     json!({
         "type": "object",
         "properties": {
-            "action": {"type": "string", "description": "OneBot action name or alias from the catalog (see list_actions / get_action)."},
-            "params": {"type": "object", "additionalProperties": true, "description": "The action's parameters, as get_action's inputSchema describes them."},
+            "action": {"type": "string", "description": "action 名（接受别名）。先用 get_action 查它的参数 inputSchema。"},
+            "params": {"type": "object", "description": "该 action 的参数对象", "additionalProperties": true},
             "execution": {
                 "type": "object",
-                "additionalProperties": false,
-                "description": "Options handled by this MCP server, never sent to SnowLuma.",
+                "description": "MCP 主机侧执行选项（不会发送为 OneBot params）。自动上传本地文件时使用。",
                 "properties": {
-                    "input_file": {"type": "string", "description": "For upload_file_stream: a file on the MCP host, inside SNOWLUMA_MCP_UPLOAD_ROOT, uploaded automatically in chunks."}
-                }
+                    "input_file": {"type": "string", "description": "MCP 主机上的文件路径。仅用于 upload_file_stream，且必须位于 SNOWLUMA_MCP_UPLOAD_ROOT。"}
+                },
+                "additionalProperties": false
             }
         },
         "required": ["action"],
@@ -381,7 +377,7 @@ fn id_filter(what: &str) -> Value {
         "minItems": 1,
         "maxItems": crate::events::MAX_IDS,
         "uniqueItems": true,
-        "description": format!("Keep only events whose {what} is one of these (at most 100 distinct positive ids).")
+        "description": format!("只保留 {what} 属于这些值的事件（最多 100 个不同的正整数）。Keep only events whose {what} is one of these.")
     })
 }
 
@@ -389,13 +385,13 @@ fn subscribe_events_input() -> Value {
     json!({
         "type": "object",
         "properties": {
-            "self_id": {"type": "integer", "minimum": 1, "description": "The logged-in account (get_login_info's user_id); every event must belong to it."},
+            "self_id": {"type": "integer", "minimum": 1, "description": "已登录的机器人账号（get_login_info 返回的 user_id）；每个事件都必须属于它。The logged-in account."},
             "types": {
                 "type": "array",
                 "items": {"type": "string", "enum": ["message", "notice", "request"]},
                 "minItems": 1,
                 "uniqueItems": true,
-                "description": "Event categories to keep (message includes message_sent); omitted: all three."
+                "description": "要保留的事件类别（message 含 message_sent）；省略时三类都要。Event categories to keep."
             },
             "group_ids": id_filter("group_id"),
             "user_ids": id_filter("user_id")
@@ -422,7 +418,7 @@ fn unsubscribe_events_input() -> Value {
     json!({
         "type": "object",
         "properties": {
-            "uri": {"type": "string", "description": "The URI subscribe_events returned."}
+            "uri": {"type": "string", "description": "subscribe_events 返回的资源 URI。The URI subscribe_events returned."}
         },
         "required": ["uri"],
         "additionalProperties": false
@@ -601,7 +597,5 @@ mod tests {
             };
             assert_eq!(t.modes, expected, "{}", t.name);
         }
-        assert_eq!(QUERY_ACTION.modes.need(), "read or write");
-        assert_eq!(INVOKE_ACTION.modes.need(), "write");
     }
 }
