@@ -179,7 +179,8 @@ pub fn render(inputs: &Inputs, strict: bool) -> Result<String, GenError> {
         "categories": categories,
         "actions": out,
     });
-    let mut text = serde_json::to_string_pretty(&doc).map_err(|source| GenError::Parse { path: up_path.into(), source })?;
+    let mut text =
+        serde_json::to_string_pretty(&doc).map_err(|source| GenError::Parse { path: up_path.into(), source })?;
     text.push('\n');
     Ok(text)
 }

@@ -187,8 +187,7 @@ impl KeywordQuery {
         let mut all_in_name = true;
         for alts in &self.terms {
             let in_name = alts.iter().any(|t| t.found_in(&text.name) || text.aliases.iter().any(|al| t.found_in(al)));
-            let anywhere =
-                in_name || alts.iter().any(|t| t.found_in(&text.summary) || t.found_in(&text.summary_en));
+            let anywhere = in_name || alts.iter().any(|t| t.found_in(&text.summary) || t.found_in(&text.summary_en));
             if !anywhere {
                 return None;
             }

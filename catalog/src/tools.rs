@@ -28,10 +28,8 @@ pub enum DocError {
 
 /// Node's `category` property (`list_actions`; `search_actions` adds it).
 const CATEGORY: &str = "按分类过滤，如 群管理 / 消息 / 好友";
-const READ_ONLY: &str =
-    "只要只读 action（true）或只要会改变状态的 action（false）。Only read-only (true) or only state-changing (false) actions.";
-const STREAM: &str =
-    "只要 Stream Action（true）或只要普通 action（false）。Only Stream API actions (true) or only ordinary ones (false).";
+const READ_ONLY: &str = "只要只读 action（true）或只要会改变状态的 action（false）。Only read-only (true) or only state-changing (false) actions.";
+const STREAM: &str = "只要 Stream Action（true）或只要普通 action（false）。Only Stream API actions (true) or only ordinary ones (false).";
 const LIMIT: &str = "分页大小（1–200）。给出 limit 或 offset 时，count 为本页数量，并另含 total 与 next_offset。Page size (1-200); with limit or offset the result adds total and next_offset.";
 const OFFSET: &str = "从第几个匹配项开始（非负整数，默认 0）。Index of the first match to return (default 0).";
 const MATCH: &str = "匹配方式：substring（默认，大小写不敏感的子串匹配，按目录顺序）或 keywords（空格分隔的关键词取交集，识别常用中英文同义词，名称或别名完全相同者排在最前）。Matching mode: substring (default) or keywords.";

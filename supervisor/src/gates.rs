@@ -108,7 +108,8 @@ pub fn execution(args: &mut ExecArgs, action: &Action) -> Result<(), ToolReply> 
     let Value::Object(mut m) = execution else {
         return Err(invalid("execution 必须是对象。".into()));
     };
-    let unknown: Vec<String> = m.keys().filter(|k| *k != "input_file").map(|k| snowluma_catalog::plain_echo(k)).collect();
+    let unknown: Vec<String> =
+        m.keys().filter(|k| *k != "input_file").map(|k| snowluma_catalog::plain_echo(k)).collect();
     if !unknown.is_empty() {
         return Err(invalid(format!("未知 MCP execution 选项: {}", unknown.join(", "))));
     }
@@ -156,9 +157,15 @@ pub fn policy(policy: &Policy, action: &Action) -> Result<(), ToolReply> {
 /// docs mode (`err.gate.read`).
 pub fn mode_refusal(need: Modes) -> ToolReply {
     let (message, next) = if need.contains(Mode::Read) {
-        ("执行未启用：需配置 SNOWLUMA_MCP_ENDPOINT。", "The operator must set SNOWLUMA_MCP_ENDPOINT (read or write mode).")
+        (
+            "执行未启用：需配置 SNOWLUMA_MCP_ENDPOINT。",
+            "The operator must set SNOWLUMA_MCP_ENDPOINT (read or write mode).",
+        )
     } else {
-        ("写操作未启用：需设置 SNOWLUMA_MCP_MODE=write。", "The operator must set SNOWLUMA_MCP_MODE=write (with SNOWLUMA_MCP_ENDPOINT).")
+        (
+            "写操作未启用：需设置 SNOWLUMA_MCP_MODE=write。",
+            "The operator must set SNOWLUMA_MCP_MODE=write (with SNOWLUMA_MCP_ENDPOINT).",
+        )
     };
     ToolReply::error(Diagnostics::failed(FailureKind::ModeForbidden, message).with_next_step(next))
 }
@@ -218,7 +225,10 @@ mod tests {
         assert!(read_only(false, write, "send_group_sign").is_ok());
         let r = read_only(true, write, "send_group_sign").unwrap_err();
         assert_eq!(kind(&r), Some(FailureKind::ModeForbidden));
-        assert_eq!(text(&r), "send_group_sign 是写操作，不能用 query_action；请用 invoke_action（需 SNOWLUMA_MCP_MODE=write）。");
+        assert_eq!(
+            text(&r),
+            "send_group_sign 是写操作，不能用 query_action；请用 invoke_action（需 SNOWLUMA_MCP_MODE=write）。"
+        );
     }
 
     #[test]
@@ -238,7 +248,10 @@ mod tests {
         ] {
             assert_eq!(text(&check(e, upload).unwrap_err()), want);
         }
-        assert_eq!(text(&check(json!({"input_file": "/f"}), other).unwrap_err()), "execution.input_file 仅可用于 upload_file_stream。");
+        assert_eq!(
+            text(&check(json!({"input_file": "/f"}), other).unwrap_err()),
+            "execution.input_file 仅可用于 upload_file_stream。"
+        );
         assert_eq!(check(json!({}), other).unwrap(), None);
         assert_eq!(check(json!({"input_file": "f"}), upload).unwrap().as_deref(), Some("f"));
     }

@@ -1054,7 +1054,9 @@ impl ServerHandler for SnowlumaServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
         let t = ResourceTemplate::new(ACTION_URI_TEMPLATE, "onebot-action")
-            .with_description("单个 action 的完整文档（按名称或别名）。One action's complete contract, by name or alias.")
+            .with_description(
+                "单个 action 的完整文档（按名称或别名）。One action's complete contract, by name or alias.",
+            )
             .with_mime_type("application/json");
         let mut out = ListResourceTemplatesResult::with_all_items(vec![t]);
         if is_modern(&ctx) {

@@ -66,7 +66,6 @@ impl Modes {
             Mode::Write => self.write,
         }
     }
-
 }
 
 /// A tool's annotations (MCP's behaviour hints).
