@@ -69,7 +69,7 @@ pub const MAX_TERMS: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QueryError {
-    #[error("the query has {given} terms; at most {max} are allowed")]
+    #[error("keywords 模式的查询最多 {max} 个关键词（收到 {given} 个）。")]
     TooManyTerms { given: usize, max: usize },
 }
 

@@ -235,8 +235,8 @@ mod tests {
     fn execution_is_checked_in_nodes_order() {
         let upload = catalog_action(catalog(), "upload_file_stream").unwrap();
         let other = catalog_action(catalog(), "get_status").unwrap();
-        let check = |execution: Value, action| {
-            let mut a = arguments(json!({"action": "x", "execution": execution}));
+        let check = |given: Value, action| {
+            let mut a = arguments(json!({"action": "x", "execution": given}));
             execution(&mut a, action).map(|()| a.input_file().map(str::to_owned))
         };
         for (e, want) in [

@@ -24,7 +24,7 @@ fn list_actions_filters_and_pagination() {
     let mut s = session();
     let all = s.call("list_actions", json!({}));
     let r = result(&all).clone();
-    assert_eq!(r["count"], 179);
+    assert_eq!(r["count"], 193);
     assert!(r.get("total").is_none(), "no pagination fields without limit/offset");
     let compact = &r["actions"][0];
     assert!(compact.get("inputSchema").is_none() && compact.get("examples").is_none(), "list results stay compact");
@@ -34,32 +34,37 @@ fn list_actions_filters_and_pagination() {
     assert_eq!(structured(&all)["diagnostics"]["outcome"], "success");
 
     let r = s.call("list_actions", json!({"category": "群管理"}));
-    assert_eq!(result(&r)["count"], 14);
+    assert_eq!(result(&r)["count"], 18);
     let r = s.call("list_actions", json!({"stream": true}));
     assert_eq!(result(&r)["count"], 5);
     let r = s.call("list_actions", json!({"read_only": true}));
-    assert_eq!(result(&r)["count"], 70);
+    assert_eq!(result(&r)["count"], 79);
 
     let p1 = s.call("list_actions", json!({"limit": 100}));
     let p1 = result(&p1).clone();
     assert_eq!(
         (p1["count"].clone(), p1["total"].clone(), p1["next_offset"].clone()),
-        (json!(100), json!(179), json!(100))
+        (json!(100), json!(193), json!(100))
     );
     let p2 = s.call("list_actions", json!({"limit": 100, "offset": 100}));
     let p2 = result(&p2).clone();
-    assert_eq!((p2["count"].clone(), p2["next_offset"].clone()), (json!(79), Value::Null));
+    assert_eq!((p2["count"].clone(), p2["next_offset"].clone()), (json!(93), Value::Null));
     let mut joined = names(&p1);
     joined.extend(names(&p2));
     assert_eq!(joined, names(result(&all)));
     let r = s.call("list_actions", json!({"offset": 500}));
     assert_eq!(result(&r)["count"], 0);
 
-    for bad in [json!({"limit": 0}), json!({"limit": 201}), json!({"offset": -1}), json!({"category": "nope"})] {
+    for bad in [json!({"limit": 0}), json!({"limit": 201}), json!({"offset": -1}), json!({"read_only": "yes"})] {
         let r = s.call("list_actions", bad.clone());
         assert!(is_error(&r), "{bad} should be refused");
         assert!(structured(&r)["result"].is_null());
     }
+    // As Node: an unknown category lists nothing, an empty one is no filter.
+    let r = s.call("list_actions", json!({"category": "nope"}));
+    assert_eq!(result(&r)["count"], 0);
+    let r = s.call("list_actions", json!({"category": ""}));
+    assert_eq!(result(&r)["count"], 193);
 }
 
 #[test]
@@ -70,7 +75,7 @@ fn search_substring_and_keywords() {
     let r = s.call("search_actions", json!({"query": "rkey"}));
     assert!(names(result(&r)).contains(&"get_rkey".to_owned()));
     let r = s.call("search_actions", json!({"query": ""}));
-    assert_eq!(result(&r)["count"], 179);
+    assert_eq!(result(&r)["count"], 193);
 
     let r = s.call("search_actions", json!({"query": "群 禁言", "match": "keywords"}));
     let hits = names(result(&r));
@@ -92,8 +97,9 @@ fn search_substring_and_keywords() {
     assert!(page["total"].as_u64().unwrap() > 3);
     let r = s.call("search_actions", json!({"query": "x", "match": "fuzzy"}));
     assert!(is_error(&r));
+    // As Node: a missing query matches everything.
     let r = s.call("search_actions", json!({}));
-    assert!(is_error(&r), "query is required");
+    assert_eq!(result(&r)["count"], 193);
 }
 
 #[test]
@@ -103,7 +109,7 @@ fn get_action_gives_the_whole_contract_for_names_and_aliases() {
     let a = result(&r).clone();
     assert_eq!(a["name"], "get_rkey");
     assert!(a["aliases"].as_array().unwrap().contains(&json!("nc_get_rkey")));
-    for k in ["inputSchema", "returnsSchema", "examples", "params", "description"] {
+    for k in ["inputSchema", "returnsSchema", "examples", "params", "summary_en", "description_en"] {
         assert!(a.get(k).is_some(), "{k} missing");
     }
     let r = s.call("get_action", json!({"name": "get_msg"}));
@@ -123,10 +129,10 @@ fn list_categories_counts() {
     let mut s = session();
     let r = s.call("list_categories", json!({}));
     let cats = result(&r).as_array().unwrap().clone();
-    assert_eq!(cats.len(), 11);
+    assert_eq!(cats.len(), 12);
     assert_eq!(cats[0], json!({"category": "信息", "count": 5}));
     let total: u64 = cats.iter().map(|c| c["count"].as_u64().unwrap()).sum();
-    assert_eq!(total, 179);
+    assert_eq!(total, 193);
 }
 
 #[test]
@@ -137,7 +143,7 @@ fn resources_and_templates_in_both_eras() {
     assert!(list.get("ttlMs").is_none());
     let read = s.ok("resources/read", json!({"uri": "snowluma://onebot/actions"}));
     let doc: Value = serde_json::from_str(read["contents"][0]["text"].as_str().unwrap()).unwrap();
-    assert_eq!(doc["actions"].as_array().unwrap().len(), 179);
+    assert_eq!(doc["actions"].as_array().unwrap().len(), 193);
     assert!(doc["version"].as_str().unwrap().len() > 4);
     for a in doc["actions"].as_array().unwrap() {
         assert!(a["returnsSchema"].is_object() && !a["examples"].as_array().unwrap().is_empty(), "{}", a["name"]);

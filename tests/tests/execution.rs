@@ -57,10 +57,15 @@ fn gates_in_every_mode() {
     let r = s.call("query_action", json!({"action": "no_such_action"}));
     assert_eq!(diag(&r)["kind"], "unknown_action");
     assert!(diag(&r)["next_step"].as_str().unwrap().contains("search_actions"));
+    // As Node: params that are not an object are sent as {}; a missing
+    // action is the unknown action "".
     let r = s.call("query_action", json!({"action": "get_status", "params": [1]}));
-    assert_eq!(diag(&r)["kind"], "invalid_arguments");
+    assert!(!is_error(&r), "{r}");
+    let sent = fake.fake.requests().into_iter().rfind(|q| q.action.as_deref() == Some("get_status")).unwrap();
+    assert_eq!(sent.json().unwrap()["params"], json!({}));
     let r = s.call("query_action", json!({"params": {}}));
-    assert_eq!(diag(&r)["kind"], "invalid_arguments");
+    assert_eq!(diag(&r)["kind"], "unknown_action");
+    assert_eq!(text(&r), "未知 action: \"\"。用 list_actions / search_actions 查可用项。");
     assert!(fake.fake.requests().iter().all(|q| q.action.as_deref() != Some("send_group_msg")), "nothing was sent");
 
     // write mode: the write goes out once.
@@ -300,7 +305,7 @@ fn runtime_info_in_each_mode() {
     assert_eq!(info["mode"], "docs");
     assert_eq!(info["execution_enabled"], false);
     assert!(info["transport"].is_null());
-    assert_eq!(info["catalog"]["action_count"], 179);
+    assert_eq!(info["catalog"]["action_count"], 193);
     assert_eq!(info["catalog"]["server_support"], "unknown");
     assert_eq!(info["connection_checked"], false);
     let r = d.call("get_runtime_info", json!({"check_connection": true}));

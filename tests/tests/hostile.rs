@@ -72,7 +72,7 @@ fn a_huge_unknown_name_is_echoed_short() {
     assert!(is_error(&r));
     assert_eq!(diag(&r)["kind"], "unknown_action");
     assert!(text(&r).len() < 1024, "{}", text(&r).len());
-    assert!(text(&r).contains("2900000 characters"));
+    assert!(text(&r).contains("共 2900000 个字符"), "{}", text(&r));
     // A wrong-typed huge value is clipped the same way.
     let r = s.call("list_actions", json!({"category": 1, "limit": "x".repeat(3_000_000)}));
     assert!(is_error(&r));

@@ -46,7 +46,7 @@ fn a_keyword_query_has_at_most_32_terms() {
     let r = s.call("search_actions", json!({"query": query, "match": "keywords"}));
     assert!(is_error(&r));
     assert_eq!(structured(&r)["diagnostics"]["kind"], "invalid_arguments");
-    assert!(text(&r).contains("at most 32"), "{}", text(&r));
+    assert!(text(&r).contains("最多 32 个关键词"), "{}", text(&r));
     let r = s.call("search_actions", json!({"query": vec!["group"; 32].join(" "), "match": "keywords"}));
     assert!(!is_error(&r));
 }

@@ -79,7 +79,7 @@ fn check(label: &str, out: &[u8]) {
         if id == 2 {
             let catalog = v["result"]["contents"][0]["text"].as_str().unwrap();
             let parsed: Value = serde_json::from_str(catalog).unwrap();
-            assert_eq!(parsed["actions"].as_array().map(Vec::len), Some(179), "{label}: catalog incomplete");
+            assert_eq!(parsed["actions"].as_array().map(Vec::len), Some(193), "{label}: catalog incomplete");
         }
     }
     let expected: BTreeSet<i64> = (1..=2 + BURST).collect();

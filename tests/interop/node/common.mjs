@@ -22,7 +22,7 @@ export const DEADLINE_MS = 90_000;
 export const REQUEST_TIMEOUT_MS = 20_000;
 
 export const DOCS_TOOLS = ['list_actions', 'get_action', 'search_actions', 'list_categories', 'get_runtime_info', 'preview_message'];
-export const ACTION_COUNT = 179;
+export const ACTION_COUNT = 193;
 export const ACTIONS_URI = 'snowluma://onebot/actions';
 export const ACTION_TEMPLATE = 'snowluma://onebot/actions/{name}';
 export const INTEROP_FILE = 'interop.bin';

@@ -100,7 +100,7 @@ SERVER_NAME = "snowluma-mcp"
 DOC_TOOLS = {"list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info", "preview_message"}
 CATALOG_URI = "snowluma://onebot/actions"
 ACTION_TEMPLATE = "snowluma://onebot/actions/{name}"
-ACTION_COUNT = 179
+ACTION_COUNT = 193
 OUTCOMES = {"success", "failed", "unknown"}
 EVENT_TOOLS = {"subscribe_events", "unsubscribe_events"}
 # The message preview panel (MCP Apps): what a UI-capable host declares and gets.

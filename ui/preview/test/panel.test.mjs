@@ -343,7 +343,7 @@ test("an error result is shown with the diagnostics' message and not retried", a
   await p.frame.locator("#send").click();
   const outcome = p.frame.locator("#outcome");
   await outcome.filter({ hasText: "Not sent" }).waitFor({ timeout: TIMEOUT });
-  assert.match(await outcome.textContent(), /invoke_action is not available in read mode/);
+  assert.match(await outcome.textContent(), /写操作未启用：需设置 SNOWLUMA_MCP_MODE=write。/);
   assert.equal(await p.frame.locator("#send").isDisabled(), true, "no retry");
   await p.frame.locator("#send").dispatchEvent("click");
   assert.equal(p.calls.length, 1);
