@@ -162,6 +162,10 @@ pub enum WorkerConfig {
 pub struct FilesConfig {
     pub upload_enabled: bool,
     pub max_file_bytes: u64,
+    /// The upload root's canonical path, then its path as configured: an
+    /// absolute symlink target beneath either stays beneath the root (the
+    /// worker opens nothing by these paths; it compares them).
+    pub upload_root_paths: Vec<String>,
 }
 
 /// Descriptor numbers of the file-transfer worker (besides [`WORKER_IPC_FD`]).
@@ -181,22 +185,28 @@ pub struct NetworkConfig {
     pub resolved: Vec<std::net::SocketAddr>,
     pub token: Option<String>,
     pub timeout_ms: u64,
+    /// `SNOWLUMA_MCP_MAX_STREAM_BYTES`: the largest file a download may
+    /// declare or deliver (the download quota is twice this).
+    pub max_stream_bytes: u64,
     /// SnowLuma's event WebSocket (`SNOWLUMA_MCP_EVENTS_URL`), only when
-    /// configured; it uses the same token.
+    /// configured; it uses its own token when one is set, else `token`.
     pub events: Option<EventsTarget>,
 }
 
 /// Where the event WebSocket is: the URL exactly as configured and its
-/// host's addresses, resolved by the supervisor at startup.
+/// host's addresses, resolved by the supervisor at startup, and its own
+/// access token (`SNOWLUMA_MCP_EVENTS_TOKEN`; SnowLuma generates separate
+/// tokens for its HTTP and WebSocket servers), if one is set.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct EventsTarget {
     pub url: String,
     pub resolved: Vec<std::net::SocketAddr>,
+    pub token: Option<String>,
 }
 
 impl std::fmt::Debug for EventsTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the URL.
+        // Never print the URL or the token.
         f.debug_struct("EventsTarget").finish_non_exhaustive()
     }
 }
@@ -371,7 +381,9 @@ pub enum Transfer {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum FilesRequest {
-    /// Open a file under the upload root (`rel_path` is relative to it).
+    /// Open an upload's input file: `rel_path` is relative to the upload
+    /// root, lexically normalized (no `..`, `.` or empty components);
+    /// symlinks on it are followed while they stay beneath the root.
     OpenUpload { rel_path: String, fd_tag: u64 },
     /// Create an empty private `.part` file in the download directory.
     CreateDownload { fd_tag: u64 },
@@ -397,6 +409,37 @@ pub enum FilesReply {
     Usage { bytes: u64 },
     Swept { removed: u64 },
     Refused { reason: String },
+    UploadRefused(UploadRefusal),
+}
+
+/// Why the file-transfer worker did not open an upload's input file
+/// ([`FilesReply::UploadRefused`]); the supervisor turns each into the Node
+/// server's text. Paths are relative
+/// to the upload root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UploadRefusal {
+    /// Automatic upload is not enabled in this worker.
+    NotEnabled,
+    /// Resolving failed at `rel_path` (the path resolved so far) with
+    /// `errno`; `syscall` is the call Node names in its message (`lstat`,
+    /// `stat`, `readlink`).
+    Lookup { errno: i32, syscall: String, rel_path: String },
+    /// It resolves to the upload root itself or to a place outside it.
+    Outside,
+    /// Opening the resolved file failed with `errno`.
+    Open { errno: i32, rel_path: String },
+    /// A directory, FIFO, socket or device.
+    NotRegular,
+    /// A regular file with more than one hard link (one could name a file
+    /// outside the root).
+    HardLinks,
+    /// Larger than the per-file cap.
+    TooLarge { limit: u64 },
+    /// `openat2` fails with ENOSYS (an old kernel, or a seccomp filter
+    /// around the server, such as systemd's `RestrictSUIDSGID=`).
+    NoOpenat2,
+    /// Anything else (e.g. the descriptor could not be passed on).
+    Failed(String),
 }
 
 #[derive(Debug, Serialize, Deserialize)]

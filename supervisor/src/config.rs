@@ -38,8 +38,10 @@ impl Mode {
 ///
 /// Without SNOWLUMA_MCP_ENDPOINT it serves the bundled action documentation
 /// only (docs mode). The token is read from SNOWLUMA_MCP_TOKEN or from
-/// --token-file; there is deliberately no --token flag, because command
-/// lines are visible to every user of the host.
+/// --token-file (the event WebSocket's own, if any, from
+/// SNOWLUMA_MCP_EVENTS_TOKEN or --events-token-file); there is deliberately
+/// no --token flag, because command lines are visible to every user of the
+/// host.
 #[derive(Debug, Parser)]
 #[command(name = "snowluma-mcp", version, about, long_about, after_help = ENV_ONLY_HELP)]
 pub struct Cli {
@@ -69,6 +71,10 @@ pub struct Cli {
     /// OneBot WebSocket event endpoint (ws:// or wss://).
     #[arg(global = true, long, env = "SNOWLUMA_MCP_EVENTS_URL", hide_env_values = true)]
     pub events_url: Option<String>,
+    /// Read the event WebSocket's own access token from this file instead of
+    /// SNOWLUMA_MCP_EVENTS_TOKEN (without either, the event WebSocket gets SNOWLUMA_MCP_TOKEN's).
+    #[arg(global = true, long, value_name = "PATH")]
+    pub events_token_file: Option<PathBuf>,
     /// Private directory for persistent background tasks (absolute path).
     #[arg(global = true, long, env = "SNOWLUMA_MCP_TASK_DIR", hide_env_values = true)]
     pub task_dir: Option<String>,
@@ -99,6 +105,9 @@ pub struct Cli {
 /// Variables without a flag, listed after the options.
 const ENV_ONLY_HELP: &str = "Environment variables without a flag:
   SNOWLUMA_MCP_TOKEN             SnowLuma access token, sent as Authorization: Bearer (or use --token-file)
+  SNOWLUMA_MCP_EVENTS_TOKEN      the event WebSocket's own access token, when SnowLuma's WebSocket
+                                 server has another one than its HTTP server (or use
+                                 --events-token-file); default: SNOWLUMA_MCP_TOKEN's
   SNOWLUMA_MCP_ALLOW_UNCONFINED  1 lets read and write modes start on a kernel that cannot fully
                                  enforce the sandbox (Landlock ABI >= 6 and seccomp)
   SNOWLUMA_MCP_LOG_PAYLOADS      1 lets debug/trace diagnostics of libraries (rmcp, HTTP) show

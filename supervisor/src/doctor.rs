@@ -399,7 +399,12 @@ pub fn run(as_json: bool) -> ExitCode {
     };
     ok &= panel["ok"] == json!(true);
     let doc = json!({
-        "kernel": {"landlock_abi": support.landlock_abi, "pinned_abi": PINNED_ABI_NUMBER, "seccomp": support.seccomp},
+        "kernel": {
+            "landlock_abi": support.landlock_abi,
+            "pinned_abi": PINNED_ABI_NUMBER,
+            "seccomp": support.seccomp,
+            "openat2": snowluma_workers::openat2_available(),
+        },
         "roles": roles_out,
         "packaging": {"preview_panel": panel},
         "ok": ok,
@@ -420,6 +425,13 @@ fn human(doc: &Value) -> String {
         k["pinned_abi"],
         if k["seccomp"].as_bool() == Some(true) { "available" } else { "unavailable" }
     ));
+    // Every file transfer opens beneath its directory with openat2; systemd's
+    // RestrictSUIDSGID= (for one) makes it fail with ENOSYS.
+    s.push_str(if k["openat2"].as_bool() == Some(true) {
+        "openat2: available (file transfers open beneath their directories with it)\n"
+    } else {
+        "openat2: UNAVAILABLE (ENOSYS): file transfers (downloads and automatic uploads) cannot work here\n"
+    });
     for r in doc["roles"].as_array().into_iter().flatten() {
         let c = &r["confinement"];
         s.push_str(&format!(

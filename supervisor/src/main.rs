@@ -250,6 +250,25 @@ fn main() -> ExitCode {
         }
     };
     secret::scrub_env(secret::TOKEN_VAR);
+    // The event WebSocket's own token, when SnowLuma's WebSocket server has
+    // one of its own: read, checked and handed over the same way.
+    let events_token = match secret::read_token_from(secret::EVENTS_TOKEN, cli.events_token_file.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("snowluma-mcp: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    secret::scrub_env(secret::EVENTS_TOKEN_VAR);
+    let events_token = match events_token {
+        Some(_) if config.events_url.is_none() => {
+            tracing::warn!(
+                "SNOWLUMA_MCP_EVENTS_TOKEN (--events-token-file) is set but SNOWLUMA_MCP_EVENTS_URL is not: it is not used"
+            );
+            None
+        }
+        t => t,
+    };
     // The task directory's scope: a digest of the effective mode, endpoint
     // and token, computed now, before the token is handed over and wiped.
     // The task-store worker salts it again and stores only that.
@@ -298,7 +317,8 @@ fn main() -> ExitCode {
         }
     };
     let tasks = task_dir.zip(task_scope);
-    let started = Started { config, policy, audit, grants, transfer_dirs, tasks, token, resolved, events_resolved };
+    let started =
+        Started { config, policy, audit, grants, transfer_dirs, tasks, token, events_token, resolved, events_resolved };
     match rt.block_on(run(started, (spawner_sock, spawner_pid))) {
         Ok(Ended::Finished) => ExitCode::SUCCESS,
         Ok(Ended::StdoutGone) | Ok(Ended::Broken) => ExitCode::FAILURE,
@@ -454,8 +474,8 @@ fn open_transfer_dirs(config: &Config) -> Result<TransferDirs, DirError> {
 /// The download directory, opened once; the file-transfer worker then works
 /// only through the descriptor.
 ///
-/// * Configured (`SNOWLUMA_MCP_STREAM_DIR`): only its last component is
-///   created (0700); a missing parent is an error, not created from the root.
+/// * Configured (`SNOWLUMA_MCP_STREAM_DIR`): created with its missing
+///   parents, each 0700, as the Node server's `mkdir -p` does.
 /// * Default ([`config::default_stream_dir`]): `$XDG_RUNTIME_DIR/snowluma-mcp`
 ///   or `$TMPDIR/snowluma-mcp-<uid>`, then `downloads`, each created 0700 and
 ///   opened without following a symlink, beneath a base opened first.
@@ -468,15 +488,10 @@ fn open_download_dir(config: &Config) -> Result<(std::path::PathBuf, std::os::fd
     let bad = |problem: String| DirError { var: "SNOWLUMA_MCP_STREAM_DIR", flag: "--stream-dir", problem };
     let (path, fd) = match &config.stream_dir {
         Some(dir) => {
-            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            // `mkdir -p`: what exists is kept (and checked below), what is
+            // missing is created 0700, by us.
+            match std::fs::DirBuilder::new().mode(0o700).recursive(true).create(dir) {
                 Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(bad(
-                        "cannot be created: its parent directory does not exist (only the last component is created)"
-                            .into(),
-                    ));
-                }
                 Err(e) => return Err(bad(format!("cannot be created: {e}"))),
             }
             let canonical = std::fs::canonicalize(dir).map_err(|e| bad(format!("cannot be resolved: {e}")))?;
@@ -606,6 +621,8 @@ struct Started {
     tasks: Option<(Arc<std::os::fd::OwnedFd>, [u8; 32])>,
     /// Moved into the network executor's configuration, then wiped.
     token: Option<zeroize::Zeroizing<String>>,
+    /// The event WebSocket's own token: likewise.
+    events_token: Option<zeroize::Zeroizing<String>>,
     resolved: Vec<std::net::SocketAddr>,
     /// The events host's addresses (empty without events or for an IP literal).
     events_resolved: Vec<std::net::SocketAddr>,
@@ -615,7 +632,18 @@ async fn run(
     started: Started,
     (spawner_sock, spawner_pid): (std::os::fd::OwnedFd, nix::unistd::Pid),
 ) -> Result<Ended, Box<dyn std::error::Error>> {
-    let Started { config, policy, audit, grants, transfer_dirs, tasks, mut token, resolved, events_resolved } = started;
+    let Started {
+        config,
+        policy,
+        audit,
+        grants,
+        transfer_dirs,
+        tasks,
+        mut token,
+        mut events_token,
+        resolved,
+        events_resolved,
+    } = started;
     let spawner = spawner::SpawnerClient::start(spawner_sock, spawner_pid)?;
     let spawner_gone = spawner.gone();
     let fatal = tokio_util::sync::CancellationToken::new();
@@ -635,10 +663,13 @@ async fn run(
                 // Moved, not copied: the buffer is wiped once handed over.
                 token: token.as_mut().map(|t| std::mem::take(&mut **t)),
                 timeout_ms: config.timeout_ms,
-                events: config
-                    .events_url
-                    .clone()
-                    .map(|url| snowluma_proto::EventsTarget { url, resolved: events_resolved.clone() }),
+                max_stream_bytes: config.max_stream_bytes,
+                events: config.events_url.clone().map(|url| snowluma_proto::EventsTarget {
+                    url,
+                    resolved: events_resolved.clone(),
+                    // Moved, not copied, as the token above.
+                    token: events_token.as_mut().map(|t| std::mem::take(&mut **t)),
+                }),
             }),
             spec.clone(),
             Attach { fds: Vec::new(), channel: Some((snowluma_proto::NETWORK_FD_CHANNEL, ChannelDir::ToWorker)) },
@@ -651,7 +682,11 @@ async fn run(
     let files = if let (Some(dirs), Some(_)) = (transfer_dirs, &network) {
         paths.download_dir = Some(dirs.download_dir);
         let mut fds = vec![(snowluma_proto::FILES_DOWNLOAD_DIR_FD, dirs.download_fd)];
+        // Compared with absolute symlink targets only; never opened.
+        let mut upload_root_paths = Vec::new();
         if let Some((configured, canonical, fd)) = dirs.upload_root {
+            upload_root_paths =
+                [&canonical, &configured].iter().filter_map(|p| p.to_str()).map(str::to_owned).collect();
             paths.upload_root = Some((configured, canonical));
             fds.push((snowluma_proto::FILES_UPLOAD_ROOT_FD, fd));
         }
@@ -660,6 +695,7 @@ async fn run(
             WorkerConfig::Files(snowluma_proto::FilesConfig {
                 upload_enabled: config.upload_root.is_some(),
                 max_file_bytes: config.max_stream_bytes,
+                upload_root_paths,
             }),
             spec.clone(),
             Attach { fds, channel: Some((snowluma_proto::FILES_FD_CHANNEL, ChannelDir::FromWorker)) },

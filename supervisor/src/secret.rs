@@ -1,9 +1,11 @@
-//! The access token's short life in the supervisor and the spawner.
+//! The access tokens' short life in the supervisor and the spawner.
 //!
-//! The spawner is forked before the token is read, so it never holds it;
-//! it overwrites the environment variable's bytes in place at its start.
-//! The supervisor then reads the token (from `SNOWLUMA_MCP_TOKEN` or
-//! `--token-file`) into buffers that are wiped when dropped, overwrites the
+//! Both tokens (SnowLuma's HTTP token and, when set, its WebSocket server's
+//! own events token) go the same way. The spawner is forked before a token
+//! is read, so it never holds one; it overwrites the environment variables'
+//! bytes in place at its start. The supervisor then reads each token (from
+//! `SNOWLUMA_MCP_TOKEN` or `--token-file`, `SNOWLUMA_MCP_EVENTS_TOKEN` or
+//! `--events-token-file`) into buffers that are wiped when dropped, overwrites the
 //! variable's bytes in its own environment block (so `/proc/<pid>/environ`
 //! no longer shows them), hands the token to the network executor in one
 //! frame built in a wiped buffer, and wipes its last copy as soon as the
@@ -20,13 +22,24 @@ use zeroize::{Zeroize, Zeroizing};
 use crate::config::ConfigError;
 
 pub const TOKEN_VAR: &str = "SNOWLUMA_MCP_TOKEN";
+/// The event WebSocket's own token (optional; without it the event
+/// WebSocket is sent [`TOKEN_VAR`]'s).
+pub const EVENTS_TOKEN_VAR: &str = "SNOWLUMA_MCP_EVENTS_TOKEN";
 /// No real access token is longer; a longer one is refused so that its
 /// frame to the executor fits the pre-sized (never reallocated) buffer.
 pub const MAX_TOKEN_BYTES: usize = 4096;
 
-fn bad(problem: impl Into<String>) -> ConfigError {
-    ConfigError { var: TOKEN_VAR, flag: "--token-file", problem: problem.into() }
+/// Where a token comes from: its variable and the flag naming its file.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenSource {
+    pub var: &'static str,
+    pub flag: &'static str,
 }
+
+/// `SNOWLUMA_MCP_TOKEN` / `--token-file`.
+pub const HTTP_TOKEN: TokenSource = TokenSource { var: TOKEN_VAR, flag: "--token-file" };
+/// `SNOWLUMA_MCP_EVENTS_TOKEN` / `--events-token-file`.
+pub const EVENTS_TOKEN: TokenSource = TokenSource { var: EVENTS_TOKEN_VAR, flag: "--events-token-file" };
 
 /// Read a small file into one buffer that is never reallocated (a grown
 /// buffer would leave a copy behind in freed memory) and is wiped on drop.
@@ -57,14 +70,24 @@ fn read_secret_file(path: &Path) -> std::io::Result<Zeroizing<Vec<u8>>> {
 /// The token from `--token-file` (when given) or `SNOWLUMA_MCP_TOKEN`,
 /// trimmed; `None` when neither holds one. Never shows the value.
 pub fn read_token(token_file: Option<&Path>) -> Result<Option<Zeroizing<String>>, ConfigError> {
+    read_token_from(HTTP_TOKEN, token_file)
+}
+
+/// A token from its file (when given) or its variable (`source`), trimmed
+/// and checked as [`read_token`] does.
+pub fn read_token_from(
+    source: TokenSource,
+    token_file: Option<&Path>,
+) -> Result<Option<Zeroizing<String>>, ConfigError> {
+    let bad = |problem: String| ConfigError { var: source.var, flag: source.flag, problem };
     let raw: Zeroizing<Vec<u8>> = match token_file {
         Some(path) => read_secret_file(path).map_err(|e| bad(format!("cannot be read from the given file: {e}")))?,
-        None => match std::env::var_os(TOKEN_VAR) {
+        None => match std::env::var_os(source.var) {
             Some(v) => Zeroizing::new(v.into_vec()),
             None => return Ok(None),
         },
     };
-    let text = std::str::from_utf8(&raw).map_err(|_| bad("is not valid UTF-8 (value not shown)"))?;
+    let text = std::str::from_utf8(&raw).map_err(|_| bad("is not valid UTF-8 (value not shown)".into()))?;
     let t = text.trim();
     if t.is_empty() {
         return Ok(None);
@@ -73,7 +96,7 @@ pub fn read_token(token_file: Option<&Path>) -> Result<Option<Zeroizing<String>>
         return Err(bad(format!("is longer than {MAX_TOKEN_BYTES} bytes (value not shown)")));
     }
     if t.chars().any(|c| c.is_control() || c == ' ') {
-        return Err(bad("contains spaces or control characters (value not shown)"));
+        return Err(bad("contains spaces or control characters (value not shown)".into()));
     }
     let mut out = Zeroizing::new(String::with_capacity(t.len()));
     out.push_str(t);
@@ -141,6 +164,10 @@ mod tests {
         assert!(read_token(Some(&f)).unwrap_err().to_string().contains("longer than"));
         let e = read_token(Some(&dir.join("missing"))).unwrap_err().to_string();
         assert!(e.contains("cannot be read"), "{e}");
+        let e = read_token_from(EVENTS_TOKEN, Some(&dir.join("missing"))).unwrap_err().to_string();
+        assert!(e.starts_with("SNOWLUMA_MCP_EVENTS_TOKEN (--events-token-file) cannot be read"), "{e}");
+        std::fs::write(&f, "ws-token\n").unwrap();
+        assert_eq!(read_token_from(EVENTS_TOKEN, Some(&f)).unwrap().unwrap().as_str(), "ws-token");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -14,7 +14,7 @@
 //! [`snowluma_catalog::FileTransfer`] property.
 
 use std::os::fd::AsFd;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use snowluma_catalog::{Action, FileTransfer};
 use snowluma_proto::{
     Diagnostics, ExecRequest, FailureKind, FilesReply, FilesRequest, Progress, Reply, Request, ToolReply, Transfer,
+    UploadRefusal,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -109,37 +110,135 @@ fn not_configured(msg: impl Into<String>, next: &str) -> ToolReply {
     ToolReply::error(Diagnostics::failed(FailureKind::NotConfigured, msg).with_next_step(next))
 }
 
-/// The path of `input` relative to the upload root, refusing anything that
-/// is not plainly inside it. (The file-transfer worker checks again, and the
-/// kernel refuses symlinks and escapes when it opens.)
-pub fn relative_to_root(input: &str, configured: &Path, canonical: &Path) -> Result<String, String> {
-    let p = Path::new(input);
-    if !p.is_absolute() {
-        return Err("execution.input_file must be an absolute path on the MCP host".into());
-    }
-    if input.contains('\0') {
-        return Err("execution.input_file contains a NUL byte".into());
-    }
-    let rest = p
-        .strip_prefix(canonical)
-        .or_else(|_| p.strip_prefix(configured))
-        .map_err(|_| "execution.input_file is outside SNOWLUMA_MCP_UPLOAD_ROOT".to_owned())?;
-    let mut parts = Vec::new();
-    for c in rest.components() {
-        match c {
-            Component::Normal(s) => parts.push(s.to_str().ok_or("execution.input_file is not valid UTF-8")?.to_owned()),
-            Component::CurDir => {}
-            _ => return Err("execution.input_file must not contain '..'".into()),
+/// A failure of the automatic upload as the Node server words it:
+/// `调用失败 (<action>): action <action> stream <stage>: <detail>`.
+fn upload_failure(kind: FailureKind, action: &str, stage: &str, detail: &str, next: &str) -> ToolReply {
+    let text = snowluma_proto::texts::call_failed(action, &format!("action {action} stream {stage}: {detail}"));
+    ToolReply::error(Diagnostics::failed(kind, text).with_next_step(next))
+}
+
+const INSIDE_THE_ROOT: &str =
+    "Give a regular file inside SNOWLUMA_MCP_UPLOAD_ROOT (symbolic links are followed while they stay inside it).";
+
+/// Node's message for a failed file-system call: libuv's code and text,
+/// the call and the path (`ENOENT: no such file or directory, lstat '/r/x'`).
+fn fs_error(errno: i32, syscall: &str, path: &Path) -> String {
+    let (code, text) = match errno {
+        nix::libc::ENOENT => ("ENOENT", "no such file or directory"),
+        nix::libc::ENOTDIR => ("ENOTDIR", "not a directory"),
+        nix::libc::EACCES => ("EACCES", "permission denied"),
+        nix::libc::EPERM => ("EPERM", "operation not permitted"),
+        nix::libc::ELOOP => ("ELOOP", "too many symbolic links encountered"),
+        nix::libc::ENAMETOOLONG => ("ENAMETOOLONG", "name too long"),
+        nix::libc::EISDIR => ("EISDIR", "illegal operation on a directory"),
+        nix::libc::EMFILE => ("EMFILE", "too many open files"),
+        nix::libc::ENFILE => ("ENFILE", "file table overflow"),
+        nix::libc::EIO => ("EIO", "i/o error"),
+        nix::libc::ENOMEM => ("ENOMEM", "not enough memory"),
+        nix::libc::EXDEV => ("EXDEV", "cross-device link not permitted"),
+        nix::libc::EAGAIN => ("EAGAIN", "resource temporarily unavailable"),
+        nix::libc::EINVAL => ("EINVAL", "invalid argument"),
+        other => {
+            let e = nix::errno::Errno::from_raw(other);
+            return format!("{e:?}: {}, {syscall} '{}'", e.desc().to_lowercase(), path.display());
+        }
+    };
+    format!("{code}: {text}, {syscall} '{}'", path.display())
+}
+
+/// The tool error for an input file the file-transfer worker did not open.
+fn upload_refused(action: &str, root: &Path, refusal: UploadRefusal) -> ToolReply {
+    let at = |rel: &str| root.join(rel);
+    match refusal {
+        UploadRefusal::NotEnabled => not_configured_upload(action),
+        UploadRefusal::Lookup { errno, syscall, rel_path } => upload_failure(
+            FailureKind::InvalidArguments,
+            action,
+            "resolve input",
+            &fs_error(errno, &syscall, &at(&rel_path)),
+            INSIDE_THE_ROOT,
+        ),
+        UploadRefusal::Outside => outside_root(action),
+        UploadRefusal::Open { errno, rel_path } => upload_failure(
+            FailureKind::InvalidArguments,
+            action,
+            "open input",
+            &fs_error(errno, "open", &at(&rel_path)),
+            INSIDE_THE_ROOT,
+        ),
+        UploadRefusal::NotRegular => upload_failure(
+            FailureKind::InvalidArguments,
+            action,
+            "open input",
+            "input_file is not a regular file",
+            "Give a regular file, not a directory, FIFO, socket or device.",
+        ),
+        UploadRefusal::HardLinks => upload_failure(
+            FailureKind::InvalidArguments,
+            action,
+            "open input",
+            "input_file has more than one hard link",
+            "Copy the file into the upload root instead: a hard link inside it could name a file that lives outside it.",
+        ),
+        UploadRefusal::TooLarge { limit } => upload_failure(
+            FailureKind::InvalidArguments,
+            action,
+            "open input",
+            &format!("input_file exceeds limit ({limit} bytes)"),
+            "Upload a smaller file, or raise SNOWLUMA_MCP_MAX_STREAM_BYTES.",
+        ),
+        UploadRefusal::NoOpenat2 => upload_failure(
+            FailureKind::NotConfigured,
+            action,
+            "open input",
+            "this kernel provides no openat2 (Linux 5.6 or later is needed, and a seccomp filter around the server, such as systemd's RestrictSUIDSGID=, must not refuse it)",
+            "The operator must run the server where openat2 is available (`snowluma-mcp doctor` reports it).",
+        ),
+        UploadRefusal::Failed(reason) => {
+            upload_failure(FailureKind::Execution, action, "open input", &reason, "Call the tool again.")
         }
     }
-    if parts.is_empty() {
-        return Err("execution.input_file names the upload root itself, not a file".into());
-    }
-    Ok(parts.join("/"))
+}
+
+fn not_configured_upload(action: &str) -> ToolReply {
+    upload_failure(
+        FailureKind::NotConfigured,
+        action,
+        "resolve input",
+        "SNOWLUMA_MCP_UPLOAD_ROOT is not configured",
+        "The operator must set SNOWLUMA_MCP_UPLOAD_ROOT (and SNOWLUMA_MCP_MODE=write).",
+    )
+}
+
+fn outside_root(action: &str) -> ToolReply {
+    upload_failure(
+        FailureKind::InvalidArguments,
+        action,
+        "resolve input",
+        "resolved path is outside the configured upload root",
+        INSIDE_THE_ROOT,
+    )
+}
+
+/// Node's message for a path with a NUL byte (its `realpath` refuses it).
+fn nul_in_path(input: &str) -> String {
+    let shown = input.replace('\\', "\\\\").replace('\'', "\\'").replace('\0', "\\x00");
+    format!("The argument 'path' must be a string, Uint8Array, or URL without null bytes. Received '{shown}'")
+}
+
+/// The path of `input` relative to the upload root, lexically as Node's
+/// `path.resolve` has it (`..` and `.` removed as text; a relative path is
+/// taken relative to the root), when it lies beneath the root; `None` for
+/// the root itself or anything outside it. The file-transfer worker then
+/// follows symlinks beneath the root, and the kernel confines the open.
+pub fn relative_to_root(input: &str, configured: &Path, canonical: &Path) -> Option<String> {
+    snowluma_workers::upload_path::relative_to_root(input, &[canonical, configured])
 }
 
 /// Decide whether this call is a file transfer, and refuse what cannot be
-/// done (`service`: this server's transfers, when it has any).
+/// done (`service`: this server's transfers, when it has any). The
+/// automatic upload's checks come in the Node server's order: the upload
+/// root, the MCP-owned params, then the path.
 pub fn plan(
     service: Option<&TransferService>,
     action: &Action,
@@ -149,25 +248,38 @@ pub fn plan(
     if let Some(input) = input_file {
         if action.transfer != Some(FileTransfer::Upload) {
             return Err(bad_args(
-                "execution.input_file is only for upload_file_stream",
+                "execution.input_file 仅可用于 upload_file_stream。",
                 "Remove execution.input_file, or use it with upload_file_stream.",
             ));
         }
+        // upload_file_stream has no alias: its canonical name is the name
+        // the caller wrote, which Node's texts show.
+        let name = action.name.as_str();
         let Some((configured, canonical)) = service.and_then(|s| s.paths.upload_root.as_ref()) else {
-            return Err(not_configured(
-                "automatic upload is not enabled on this server",
-                "The operator must set SNOWLUMA_MCP_UPLOAD_ROOT (and SNOWLUMA_MCP_MODE=write).",
-            ));
+            return Err(not_configured_upload(name));
         };
         let owned: Vec<&str> = MCP_OWNED_UPLOAD_FIELDS.iter().copied().filter(|f| params.get(*f).is_some()).collect();
         if !owned.is_empty() {
-            return Err(bad_args(
-                format!("with execution.input_file these params are set by the server: {}", owned.join(", ")),
+            return Err(upload_failure(
+                FailureKind::InvalidArguments,
+                name,
+                "prepare upload",
+                &format!("params conflict with MCP-owned transfer fields: {}", owned.join(", ")),
                 "Remove them; only filename and file_retention may be given.",
             ));
         }
-        let rel = relative_to_root(input, configured, canonical)
-            .map_err(|m| bad_args(m, "Give an absolute path of a regular file inside SNOWLUMA_MCP_UPLOAD_ROOT."))?;
+        if input.contains('\0') {
+            return Err(upload_failure(
+                FailureKind::InvalidArguments,
+                name,
+                "resolve input",
+                &nul_in_path(input),
+                INSIDE_THE_ROOT,
+            ));
+        }
+        let Some(rel) = relative_to_root(input, configured, canonical) else {
+            return Err(outside_root(name));
+        };
         let filename = params.get("filename").and_then(Value::as_str).map(str::to_owned);
         return Ok(Some(Plan::Upload { rel, filename }));
     }
@@ -329,11 +441,13 @@ async fn run(
             let (size, name) =
                 match files_call(files, FilesRequest::OpenUpload { rel_path: rel, fd_tag: tag.tag }, cancel).await {
                     Ok(FilesReply::Opened { size, name }) => (size, name),
+                    Ok(FilesReply::UploadRefused(refusal)) => {
+                        let root =
+                            service.paths.upload_root.as_ref().map(|(_, c)| c.as_path()).unwrap_or(Path::new("/"));
+                        return upload_refused(&exec.action, root, refusal);
+                    }
                     Ok(FilesReply::Refused { reason }) => {
-                        return bad_args(
-                            format!("execution.input_file cannot be uploaded: {reason}"),
-                            "Give a regular file inside SNOWLUMA_MCP_UPLOAD_ROOT, reached without symbolic links.",
-                        );
+                        return upload_refused(&exec.action, Path::new("/"), UploadRefusal::Failed(reason));
                     }
                     Ok(_) => return ToolReply::fail(FailureKind::Execution, "unexpected answer to an upload open"),
                     Err(r) => return r,
@@ -513,10 +627,29 @@ mod tests {
         let canon = Path::new("/data/up");
         assert_eq!(relative_to_root("/srv/up/a/b.txt", root, canon).unwrap(), "a/b.txt");
         assert_eq!(relative_to_root("/data/up/./c", root, canon).unwrap(), "c");
-        assert!(relative_to_root("/srv/up/../etc/passwd", root, canon).is_err());
-        assert!(relative_to_root("/etc/passwd", root, canon).is_err());
-        assert!(relative_to_root("up/a", root, canon).is_err());
-        assert!(relative_to_root("/srv/up", root, canon).is_err());
-        assert!(relative_to_root("/srv/upper/x", root, canon).is_err());
+        assert_eq!(relative_to_root("/data/up/sub/../c", root, canon).unwrap(), "c");
+        assert_eq!(relative_to_root("up/a", root, canon).unwrap(), "up/a");
+        assert!(relative_to_root("/srv/up/../etc/passwd", root, canon).is_none());
+        assert!(relative_to_root("/etc/passwd", root, canon).is_none());
+        assert!(relative_to_root("../x", root, canon).is_none());
+        assert!(relative_to_root("/srv/up", root, canon).is_none());
+        assert!(relative_to_root("/srv/upper/x", root, canon).is_none());
+    }
+
+    #[test]
+    fn refusals_are_worded_as_node_words_them() {
+        let root = Path::new("/r");
+        let text = |r: UploadRefusal| upload_refused("upload_file_stream", root, r).diagnostics.message.unwrap();
+        let lookup =
+            UploadRefusal::Lookup { errno: nix::libc::ENOENT, syscall: "lstat".into(), rel_path: "missing.txt".into() };
+        assert_eq!(
+            text(lookup),
+            "调用失败 (upload_file_stream): action upload_file_stream stream resolve input: ENOENT: no such file or directory, lstat '/r/missing.txt'"
+        );
+        assert_eq!(
+            text(UploadRefusal::TooLarge { limit: 1048576 }),
+            "调用失败 (upload_file_stream): action upload_file_stream stream open input: input_file exceeds limit (1048576 bytes)"
+        );
+        assert!(nul_in_path("a\0b").ends_with("Received 'a\\x00b'"), "{}", nul_in_path("a\0b"));
     }
 }

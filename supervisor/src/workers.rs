@@ -218,17 +218,22 @@ impl WorkerSlot {
 
 type IpcReader = tokio::io::BufReader<SockReader>;
 
-/// Does this configuration carry the access token (the network executor's)?
+/// Does this configuration carry an access token (the network executor's:
+/// the HTTP token, the event WebSocket's own)?
 fn holds_secret(config: &WorkerConfig) -> bool {
-    matches!(config, WorkerConfig::Network(n) if n.token.is_some())
+    matches!(config, WorkerConfig::Network(n)
+        if n.token.is_some() || n.events.as_ref().is_some_and(|e| e.token.is_some()))
 }
 
-/// Wipe the access token from a configuration, if it holds one.
+/// Wipe the access tokens from a configuration, if it holds any.
 fn wipe_secret(config: &mut WorkerConfig) {
-    if let WorkerConfig::Network(n) = config
-        && let Some(mut t) = n.token.take()
-    {
-        crate::secret::wipe(&mut t);
+    if let WorkerConfig::Network(n) = config {
+        if let Some(mut t) = n.token.take() {
+            crate::secret::wipe(&mut t);
+        }
+        if let Some(mut t) = n.events.as_mut().and_then(|e| e.token.take()) {
+            crate::secret::wipe(&mut t);
+        }
     }
 }
 

@@ -207,6 +207,56 @@ fn the_token_from_the_environment_lives_only_in_the_network_executor() {
     the_token_lives_only_in_the_network_executor(false);
 }
 
+/// The event WebSocket's own token (SNOWLUMA_MCP_EVENTS_TOKEN or
+/// --events-token-file) goes the HTTP token's way: after the handover it is
+/// in the network executor's memory and nowhere else, and in no process's
+/// environment or command line.
+#[test]
+fn the_events_token_lives_only_in_the_network_executor() {
+    for via_file in [false, true] {
+        let secret = if via_file { "evtok-confinement-file-5151" } else { "evtok-confinement-env-5252" };
+        let fake = Fake::start(Some("http-tok-5353"));
+        let ev = fake.start_events(Some(secret), 10001);
+        let (url, ws) = (fake.fake.url(), ev.url());
+        let dir = std::env::temp_dir().join(format!("snowluma-confine-evtoken-{}-{via_file}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token_file = dir.join("events-token");
+        std::fs::write(&token_file, format!("{secret}\n")).unwrap();
+        let mut env = vec![
+            ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+            ("SNOWLUMA_MCP_TOKEN", "http-tok-5353"),
+            ("SNOWLUMA_MCP_EVENTS_URL", ws.as_str()),
+        ];
+        let mut s = if via_file {
+            Mcp::spawn_args(&env, &["--events-token-file", token_file.to_str().unwrap()])
+        } else {
+            env.push(("SNOWLUMA_MCP_EVENTS_TOKEN", secret));
+            Mcp::spawn(&env)
+        };
+        s.initialize("2025-11-25");
+        // The executor has it: the event WebSocket accepts the subscription.
+        let r = s.call("subscribe_events", json!({"self_id": 10001}));
+        assert_eq!(structured(&r)["result"]["status"]["state"], "connected", "{r}");
+        let supervisor = s.child.id() as i32;
+        let spawner = spawner_pid(&s);
+        let catalog = s.wait_worker("catalog");
+        let network = s.wait_worker("network");
+        for pid in [supervisor, spawner, catalog, network] {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            assert!(!String::from_utf8_lossy(&environ).contains(secret), "events token in the environment of {pid}");
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+            assert!(!String::from_utf8_lossy(&cmdline).contains(secret), "events token on the command line of {pid}");
+        }
+        if let Some(found) = memory_contains(network, secret.as_bytes()) {
+            assert!(found, "the memory scan finds nothing at all");
+            for (name, pid) in [("supervisor", supervisor), ("spawner", spawner), ("catalog", catalog)] {
+                assert_eq!(memory_contains(pid, secret.as_bytes()), Some(false), "the {name} holds the events token");
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
 /// No process is left that could give a new network executor the token:
 /// when the one that holds it stops, the session ends (exit status 1, one
 /// clear line). Without a token the executor is simply restarted.

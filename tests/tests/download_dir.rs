@@ -3,7 +3,8 @@
 //! the user (`$XDG_RUNTIME_DIR`, or a uid-named directory in `$TMPDIR`),
 //! created without following symlinks, and any download directory must
 //! belong to the server's user and be writable by nobody else. A configured
-//! directory's missing parents are not created.
+//! directory is created with its missing parents (0700), as Node's
+//! `mkdir -p`.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -95,18 +96,42 @@ fn the_default_directory_is_private() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// A configured directory is created with its missing parents, as the
+/// Node server's `mkdir -p` does: each 0700 and ours, and downloads land
+/// there. One that cannot be created stops startup with one line.
 #[test]
-fn a_configured_directory_gets_no_parents_created() {
+fn a_configured_directory_is_created_with_its_missing_parents() {
     let base = scratch("configured");
-    let missing = base.join("nonexistent").join("x");
-    let m = missing.display().to_string();
-    let err = start(&[("SNOWLUMA_MCP_STREAM_DIR", &m)]).err().expect("refused");
-    assert!(err.contains("parent directory does not exist"), "{err}");
-    assert!(!base.join("nonexistent").exists(), "no parent was created");
-    // Its last component is created, privately.
-    let ok = base.join("dl").display().to_string();
-    let s = start(&[("SNOWLUMA_MCP_STREAM_DIR", &ok)]).unwrap();
+    let dl = base.join("nonexistent").join("deeper").join("downloads");
+    let fake = Fake::start(Some("t"));
+    let url = fake.fake.url();
+    let d = dl.display().to_string();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_STREAM_DIR", d.as_str()),
+    ];
+    let mut s = Mcp::spawn(&env);
+    s.initialize("2025-11-25");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for p in [base.join("nonexistent"), base.join("nonexistent/deeper"), dl.clone()] {
+        assert!(p.is_dir(), "{} was created", p.display());
+        assert_eq!(mode(&p), 0o700, "{}", p.display());
+        assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&p).unwrap()), uid());
+    }
+    let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    fake.fake.add_file("x.bin", data.clone());
+    let r = s.call("invoke_action", json!({"action": "download_file_stream", "params": {"file": "x.bin"}}));
+    assert!(!is_error(&r), "{r}");
+    let path = PathBuf::from(structured(&r)["result"]["file_path"].as_str().unwrap());
+    assert_eq!(path.parent(), Some(std::fs::canonicalize(&dl).unwrap().as_path()), "{r}");
+    assert_eq!(std::fs::read(&path).unwrap(), data);
     drop(s);
-    assert_eq!(std::fs::metadata(base.join("dl")).unwrap().permissions().mode() & 0o777, 0o700);
+    // A file where a parent would go: startup stops, saying so.
+    std::fs::write(base.join("a-file"), b"x").unwrap();
+    let m = base.join("a-file").join("downloads").display().to_string();
+    let err = start(&[("SNOWLUMA_MCP_STREAM_DIR", &m)]).err().expect("refused");
+    assert!(err.contains("SNOWLUMA_MCP_STREAM_DIR") && err.contains("cannot be created"), "{err}");
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -453,3 +453,71 @@ fn executor_restart_ends_the_connection_visibly() {
     let r = s.call("subscribe_events", json!({"self_id": SELF_ID}));
     assert!(is_error(&r) && text(&r).contains("release"), "{r}");
 }
+
+/// SnowLuma generates separate tokens for its HTTP and WebSocket servers:
+/// with only SNOWLUMA_MCP_TOKEN the event WebSocket refuses the
+/// subscription; SNOWLUMA_MCP_EVENTS_TOKEN (or --events-token-file) is sent
+/// to the WebSocket instead, while HTTP calls keep SNOWLUMA_MCP_TOKEN.
+#[test]
+fn a_separate_events_token() {
+    const HTTP: &str = "http-side-token";
+    const WS: &str = "ws-side-token";
+    let fake = Fake::start(Some(HTTP));
+    let ev = fake.start_events(Some(WS), SELF_ID);
+    let st = Setup { fake, ev };
+    let url = st.fake.fake.url();
+    let ws = st.ev.url();
+    let base = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_MODE", "read"),
+        ("SNOWLUMA_MCP_EVENTS_URL", ws.as_str()),
+    ];
+    let http_ok = |s: &mut Mcp| {
+        let r = s.call("query_action", json!({"action": "get_status"}));
+        assert_eq!(structured(&r)["diagnostics"]["outcome"], "success", "HTTP keeps SNOWLUMA_MCP_TOKEN: {r}");
+    };
+
+    // Only the HTTP token: sent to the WebSocket too, which refuses it.
+    let mut env = base.to_vec();
+    env.push(("SNOWLUMA_MCP_TOKEN", HTTP));
+    let mut s = Mcp::spawn(&env);
+    s.initialize("2025-11-25");
+    let r = subscribe(&mut s, json!({"self_id": SELF_ID}));
+    let uri = r["uri"].as_str().unwrap().to_owned();
+    let v = wait_state(&mut s, &uri, "stopped");
+    assert!(v["status"]["reason"].as_str().unwrap().contains("1008"), "{v}");
+    assert_eq!(st.ev.rejected(), 1);
+    assert_eq!(st.ev.authorization(), vec![Some(format!("Bearer {HTTP}"))]);
+    http_ok(&mut s);
+    drop(s);
+
+    // With the events token, from the environment: the subscription works.
+    env.push(("SNOWLUMA_MCP_EVENTS_TOKEN", WS));
+    let mut s = Mcp::spawn(&env);
+    s.initialize("2025-11-25");
+    let uri = subscribe_uri(&mut s, json!({"self_id": SELF_ID}));
+    assert_eq!(st.ev.authorization().last(), Some(&Some(format!("Bearer {WS}"))));
+    st.ev.send(&group_message(SELF_ID, 20001, 30001, "with its own token"));
+    let v = wait_events(&mut s, &uri, 1);
+    assert_eq!(events_of(&v)[0]["raw_message"], "with its own token");
+    http_ok(&mut s);
+    drop(s);
+
+    // From a file (--events-token-file), the same.
+    let dir = std::env::temp_dir().join(format!("snowluma-e2e-events-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ws-token");
+    std::fs::write(&file, format!("{WS}\n")).unwrap();
+    let mut env = base.to_vec();
+    env.push(("SNOWLUMA_MCP_TOKEN", HTTP));
+    let mut s = Mcp::spawn_args(&env, &["--events-token-file", file.to_str().unwrap()]);
+    s.initialize("2025-11-25");
+    subscribe_uri(&mut s, json!({"self_id": SELF_ID}));
+    assert_eq!(st.ev.authorization().last(), Some(&Some(format!("Bearer {WS}"))));
+    http_ok(&mut s);
+    assert!(!s.stderr_text().contains(WS) && !s.stderr_text().contains(HTTP), "a token was logged");
+    drop(s);
+    assert_eq!(st.ev.accepted(), 2);
+    assert_eq!(st.ev.received(), Vec::<String>::new(), "the client sent data on the event socket");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,24 +1,34 @@
 //! The file-transfer worker: the only process that opens files under the
 //! upload root (read) and the download directory (read-write).
 //!
-//! It holds no paths: the supervisor hands it the two directories as
+//! It opens nothing by path: the supervisor hands it the two directories as
 //! descriptors ([`FILES_UPLOAD_ROOT_FD`], [`FILES_DOWNLOAD_DIR_FD`]), and every
 //! open is relative to them with `openat2(RESOLVE_BENEATH |
 //! RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`, so `..`, absolute paths and
-//! symlinks anywhere on the path are refused by the kernel, and a file
-//! swapped for a symlink between any check and the open cannot be followed
-//! (there is no separate check: the descriptor is opened once and `fstat`ed).
+//! symlinks are refused by the kernel there, and a file swapped for a
+//! symlink between any check and the open cannot be followed (there is no
+//! separate check: the descriptor is opened once and `fstat`ed).
+//!
+//! An upload's input file is resolved as the Node server's `realpath`
+//! resolves it ([`FilesWorker::open_upload`]): symlinks on its path are
+//! followed one at a time, each read from an `O_PATH` descriptor of the link
+//! itself, as long as the resolved path stays beneath the root; then the
+//! resolved path, which names no symlink and no `..`, is opened with the
+//! flags above. Whatever changes meanwhile, only a file beneath the root
+//! can be opened.
 //! Opened files travel to the supervisor as descriptors on the fd channel;
 //! their bytes never pass through this worker or the supervisor.
 
-use std::ffi::CString;
+use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use snowluma_proto::fdpass;
 use snowluma_proto::{
     FILES_DOWNLOAD_DIR_FD, FILES_FD_CHANNEL, FILES_UPLOAD_ROOT_FD, FilesConfig, FilesReply, FilesRequest, Reply,
-    Request, WorkerConfig, WorkerError,
+    Request, UploadRefusal, WorkerConfig, WorkerError,
 };
 
 use crate::serve::{Ctx, RoleHandler};
@@ -51,30 +61,23 @@ impl FilesWorker {
     }
 }
 
-/// `openat2` beneath `dir`, refusing symlinks and escapes.
-fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: i32, mode: u32) -> std::io::Result<OwnedFd> {
-    let path = CString::new(rel).map_err(|_| std::io::Error::from_raw_os_error(nix::libc::EINVAL))?;
-    // SAFETY: open_how is three plain integers; all-zero is a valid value.
-    let mut how: nix::libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | nix::libc::O_CLOEXEC | nix::libc::O_NOFOLLOW) as u64;
-    how.mode = u64::from(mode);
-    how.resolve = nix::libc::RESOLVE_BENEATH | nix::libc::RESOLVE_NO_SYMLINKS | nix::libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: openat2 reads `path` (NUL-terminated, alive for the call) and
-    // `how` (a correctly sized open_how); it returns a new descriptor we own.
-    let fd = unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_openat2,
-            dir.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const nix::libc::open_how,
-            std::mem::size_of::<nix::libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+/// `openat2` beneath `dir`, refusing symlinks and escapes (`O_CLOEXEC` and
+/// `O_NOFOLLOW` are added to `flags`).
+fn open_beneath(dir: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: u32) -> std::io::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .mode(nix::sys::stat::Mode::from_bits_truncate(mode))
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    nix::fcntl::openat2(dir, rel, how).map_err(std::io::Error::from)
+}
+
+/// Whether this kernel (and whatever seccomp filter surrounds this process)
+/// provides `openat2`, which every file transfer needs (`doctor` reports it).
+pub fn openat2_available() -> bool {
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH);
+    !matches!(nix::fcntl::openat2(nix::fcntl::AT_FDCWD, ".", how), Err(nix::errno::Errno::ENOSYS))
 }
 
 /// A relative path that cannot name anything outside its directory.
@@ -91,13 +94,75 @@ fn check_rel(rel: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn io_reason(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
-        Some(nix::libc::ELOOP) => "a symbolic link is on the path (symlinks are refused)".into(),
-        Some(nix::libc::EXDEV) => "the path leaves the upload root".into(),
-        Some(nix::libc::ENOENT) => "no such file".into(),
-        Some(nix::libc::EACCES) | Some(nix::libc::EPERM) => "permission denied".into(),
-        _ => format!("cannot open: {e}"),
+/// Symlinks followed while resolving one upload path at most (the kernel's
+/// own limit).
+const MAX_UPLOAD_SYMLINKS: u32 = 40;
+
+/// Resolve `path` (components relative to the upload root) as Node's
+/// `realpath` does, beneath `root`: each prefix is opened `O_PATH` without
+/// following anything (`RESOLVE_NO_SYMLINKS`); a directory is walked into, a
+/// symlink is read from its own descriptor and replaced by its target (an
+/// absolute one must lie beneath one of `roots`; a relative one is joined to
+/// its directory), and the whole path is normalized again, as text, before
+/// the walk starts over. Returns the resolved components, which name no
+/// symlink, and the file type of the last one at the time it was looked at.
+fn resolve_upload(
+    root: BorrowedFd<'_>,
+    mut path: Vec<OsString>,
+    roots: &[&Path],
+) -> Result<(Vec<OsString>, nix::libc::mode_t), UploadRefusal> {
+    let shown = |parts: &[OsString]| parts.iter().collect::<PathBuf>().to_string_lossy().into_owned();
+    let lookup = |errno: i32, syscall: &str, parts: &[OsString]| UploadRefusal::Lookup {
+        errno,
+        syscall: syscall.to_owned(),
+        rel_path: shown(parts),
+    };
+    let mut links = 0u32;
+    let mut i = 0usize;
+    loop {
+        if path.is_empty() {
+            return Err(UploadRefusal::Outside);
+        }
+        let prefix: PathBuf = path[..=i].iter().collect();
+        let fd = match open_beneath(root, &prefix, OFlag::O_PATH, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOSYS) => return Err(UploadRefusal::NoOpenat2),
+            Err(e) => return Err(lookup(e.raw_os_error().unwrap_or(nix::libc::EIO), "lstat", &path[..=i])),
+        };
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| lookup(e as i32, "lstat", &path[..=i]))?;
+        let kind = st.st_mode & nix::libc::S_IFMT;
+        let last = i + 1 == path.len();
+        if kind == nix::libc::S_IFLNK {
+            links += 1;
+            if links > MAX_UPLOAD_SYMLINKS {
+                return Err(lookup(nix::libc::ELOOP, "stat", &path[..=i]));
+            }
+            // The link's own target: read from this descriptor, so a link
+            // swapped meanwhile is either this one or not followed at all.
+            let target = nix::fcntl::readlinkat(&fd, "").map_err(|e| lookup(e as i32, "readlink", &path[..=i]))?;
+            let target = PathBuf::from(target);
+            let mut next = if target.is_absolute() {
+                target
+            } else {
+                // Relative to the link's directory, beneath the canonical root.
+                let mut p = roots.first().map(|r| r.to_path_buf()).unwrap_or_default();
+                p.extend(&path[..i]);
+                p.push(target);
+                p
+            };
+            next.extend(&path[i + 1..]);
+            path = crate::upload_path::beneath(&next, roots).ok_or(UploadRefusal::Outside)?;
+            i = 0;
+            continue;
+        }
+        if last {
+            return Ok((path, kind));
+        }
+        if kind != nix::libc::S_IFDIR {
+            // Node's realpath looks at the next component and fails there.
+            return Err(lookup(nix::libc::ENOTDIR, "lstat", &path[..=i + 1]));
+        }
+        i += 1;
     }
 }
 
@@ -110,9 +175,23 @@ fn lock_exclusive(fd: BorrowedFd<'_>) -> std::io::Result<()> {
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
-/// Our download tokens: 32 lowercase hex digits.
+/// Our download tokens: a random (version 4) UUID in lowercase, as the
+/// Node server names its downloads (`<uuid>-<file name>`).
 fn is_token(token: &str) -> bool {
-    token.len() == 32 && token.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    token.len() == 36
+        && token.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        })
+}
+
+/// A new download token: 122 random bits as a version 4 UUID.
+fn new_token() -> String {
+    let mut b = snowluma_proto::bytes::random_bytes::<16>();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = snowluma_proto::bytes::hex(&b);
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 /// The `.part` file of a download token.
@@ -154,80 +233,83 @@ impl FilesWorker {
         fdpass::send_blocking(ch.as_fd(), tag, fd).map_err(|e| format!("cannot pass the descriptor: {e}"))
     }
 
+    /// Open an upload's input file (`rel`: relative to the root, lexically
+    /// normalized by the supervisor): resolved as Node's `realpath` would
+    /// ([`resolve_upload`]), opened beneath the root, checked on the open
+    /// descriptor, and passed on under `tag`.
     fn open_upload(&self, rel: &str, tag: u64) -> FilesReply {
-        let refused = |reason: String| FilesReply::Refused { reason };
+        let refused = |r: UploadRefusal| FilesReply::UploadRefused(r);
         let (Some(root), Some(cfg)) = (&self.upload_root, self.config.get()) else {
-            return refused("automatic upload is not enabled (SNOWLUMA_MCP_UPLOAD_ROOT is not set)".into());
+            return refused(UploadRefusal::NotEnabled);
         };
-        if !cfg.upload_enabled {
-            return refused("automatic upload is not enabled".into());
+        if !cfg.upload_enabled || cfg.upload_root_paths.is_empty() {
+            return refused(UploadRefusal::NotEnabled);
         }
-        if let Err(r) = check_rel(rel) {
-            return refused(r);
+        // The supervisor sends only normalized paths beneath the root.
+        if check_rel(rel).is_err() {
+            return refused(UploadRefusal::Outside);
         }
-        // O_NONBLOCK: opening a FIFO must not hang; cleared below.
-        // Look before opening: an O_PATH descriptor opens nothing (no device
-        // or FIFO is touched), so its type and link count are checked first.
-        let probe = match open_beneath(root.as_fd(), rel, nix::libc::O_PATH, 0) {
+        let roots: Vec<&Path> = cfg.upload_root_paths.iter().map(Path::new).collect();
+        let start: Vec<OsString> = rel.split('/').map(OsString::from).collect();
+        let (resolved, kind) = match resolve_upload(root.as_fd(), start, &roots) {
+            Ok(r) => r,
+            Err(r) => return refused(r),
+        };
+        // Nothing but a regular file is ever opened (a FIFO, socket or device
+        // is refused on its O_PATH descriptor, untouched); the type is checked
+        // again on the opened descriptor, which is what counts.
+        if kind != nix::libc::S_IFREG {
+            return refused(UploadRefusal::NotRegular);
+        }
+        let path: PathBuf = resolved.iter().collect();
+        let shown = || path.to_string_lossy().into_owned();
+        // O_NONBLOCK: a FIFO swapped in meanwhile must not hang the open; cleared below.
+        let fd = match open_beneath(root.as_fd(), &path, OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY, 0) {
             Ok(fd) => fd,
-            Err(e) => return refused(io_reason(&e)),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOSYS) => return refused(UploadRefusal::NoOpenat2),
+            Err(e) => {
+                return refused(UploadRefusal::Open {
+                    errno: e.raw_os_error().unwrap_or(nix::libc::EIO),
+                    rel_path: shown(),
+                });
+            }
         };
-        let before = match nix::sys::stat::fstat(&probe) {
+        let st = match nix::sys::stat::fstat(&fd) {
             Ok(st) => st,
-            Err(e) => return refused(format!("cannot stat: {e}")),
+            Err(e) => return refused(UploadRefusal::Open { errno: e as i32, rel_path: shown() }),
         };
-        if (before.st_mode & nix::libc::S_IFMT) != nix::libc::S_IFREG {
-            return refused("not a regular file".into());
+        if (st.st_mode & nix::libc::S_IFMT) != nix::libc::S_IFREG {
+            return refused(UploadRefusal::NotRegular);
         }
         // A hard link inside the root can name a file that lives outside it
-        // (path checks cannot see that), so only singly-linked files go.
-        if before.st_nlink > 1 {
-            return refused(
-                "the file has more than one hard link; copy it into the upload root instead (a hard link could name a file outside it)".into(),
-            );
+        // (no path resolution can see that), so only singly-linked files go.
+        if st.st_nlink > 1 {
+            return refused(UploadRefusal::HardLinks);
         }
-        let fd = match open_beneath(root.as_fd(), rel, nix::libc::O_RDONLY | nix::libc::O_NONBLOCK, 0) {
-            Ok(fd) => fd,
-            Err(e) => return refused(io_reason(&e)),
-        };
-        let file = std::fs::File::from(fd);
-        let meta = match file.metadata() {
-            Ok(m) => m,
-            Err(e) => return refused(format!("cannot stat: {e}")),
-        };
-        // The same file as the one looked at (not swapped in between).
-        use std::os::unix::fs::MetadataExt;
-        if meta.dev() != before.st_dev as u64 || meta.ino() != before.st_ino as u64 || meta.nlink() > 1 {
-            return refused("the file changed while it was being opened".into());
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        if size > cfg.max_file_bytes {
+            return refused(UploadRefusal::TooLarge { limit: cfg.max_file_bytes });
         }
-        if !meta.file_type().is_file() {
-            return refused("not a regular file".into());
+        if let Ok(fl) = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL) {
+            let fl = OFlag::from_bits_truncate(fl) - OFlag::O_NONBLOCK;
+            let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(fl));
         }
-        if meta.len() > cfg.max_file_bytes {
-            return refused(format!(
-                "the file is larger than SNOWLUMA_MCP_MAX_STREAM_BYTES ({} bytes)",
-                cfg.max_file_bytes
-            ));
+        if let Err(r) = self.send_fd(tag, fd.as_fd()) {
+            return refused(UploadRefusal::Failed(r));
         }
-        if let Ok(fl) = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL) {
-            let fl = nix::fcntl::OFlag::from_bits_truncate(fl) - nix::fcntl::OFlag::O_NONBLOCK;
-            let _ = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(fl));
-        }
-        if let Err(r) = self.send_fd(tag, file.as_fd()) {
-            return refused(r);
-        }
-        let name = rel.rsplit('/').next().unwrap_or(rel).to_owned();
-        FilesReply::Opened { size: meta.len(), name }
+        // Node names the upload after the resolved file.
+        let name = resolved.last().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        FilesReply::Opened { size, name }
     }
 
     fn create_download(&self, tag: u64) -> FilesReply {
         let Some(dir) = &self.download_dir else {
             return FilesReply::Refused { reason: "no download directory".into() };
         };
-        let token = snowluma_proto::bytes::hex(&snowluma_proto::bytes::random_bytes::<16>());
+        let token = new_token();
         let part = part_name(&token);
-        let flags = nix::libc::O_RDWR | nix::libc::O_CREAT | nix::libc::O_EXCL;
-        let fd = match open_beneath(dir.as_fd(), &part, flags, 0o600) {
+        let flags = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL;
+        let fd = match open_beneath(dir.as_fd(), Path::new(&part), flags, 0o600) {
             Ok(fd) => fd,
             Err(e) => return FilesReply::Refused { reason: format!("cannot create a download file: {e}") },
         };
@@ -307,7 +389,7 @@ impl FilesWorker {
         };
         let mut removed = 0;
         for name in names {
-            let Ok(fd) = open_beneath(dir.as_fd(), &name, nix::libc::O_RDONLY | nix::libc::O_NONBLOCK, 0) else {
+            let Ok(fd) = open_beneath(dir.as_fd(), Path::new(&name), OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0) else {
                 continue;
             };
             if lock_exclusive(fd.as_fd()).is_ok()
@@ -414,11 +496,55 @@ mod tests {
         std::fs::write(root.join("secret"), b"s").unwrap();
         std::os::unix::fs::symlink(root.join("secret"), root.join("in/link")).unwrap();
         let dir: OwnedFd = std::fs::File::open(root.join("in")).unwrap().into();
-        assert!(open_beneath(dir.as_fd(), "ok.txt", nix::libc::O_RDONLY, 0).is_ok());
-        let e = open_beneath(dir.as_fd(), "link", nix::libc::O_RDONLY, 0).unwrap_err();
+        assert!(open_beneath(dir.as_fd(), Path::new("ok.txt"), OFlag::O_RDONLY, 0).is_ok());
+        let e = open_beneath(dir.as_fd(), Path::new("link"), OFlag::O_RDONLY, 0).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(nix::libc::ELOOP));
-        let e = open_beneath(dir.as_fd(), "../secret", nix::libc::O_RDONLY, 0).unwrap_err();
+        let e = open_beneath(dir.as_fd(), Path::new("../secret"), OFlag::O_RDONLY, 0).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(nix::libc::EXDEV));
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn upload_paths_resolve_like_realpath_beneath_the_root() {
+        let base = std::env::temp_dir().join(format!("files-resolve-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let root = base.join("root");
+        std::fs::create_dir_all(root.join("sub/deep")).unwrap();
+        std::fs::write(root.join("small.txt"), b"x").unwrap();
+        std::fs::write(root.join("sub/deep/f"), b"y").unwrap();
+        std::fs::write(base.join("secret"), b"s").unwrap();
+        let link = |target: &Path, name: &str| std::os::unix::fs::symlink(target, root.join(name)).unwrap();
+        link(Path::new("small.txt"), "rel-link");
+        link(&root.join("small.txt"), "abs-link");
+        link(Path::new("sub/deep"), "dir-link");
+        link(Path::new("../secret"), "escape-rel");
+        link(&base.join("secret"), "escape-abs");
+        link(Path::new("loop"), "loop");
+        link(Path::new("."), "self");
+        std::os::unix::fs::symlink(Path::new("../../small.txt"), root.join("sub/deep/up")).unwrap();
+        let fd: OwnedFd = std::fs::File::open(&root).unwrap().into();
+        let roots = [root.as_path()];
+        let resolve = |rel: &str| {
+            resolve_upload(fd.as_fd(), rel.split('/').map(OsString::from).collect(), &roots)
+                .map(|(p, kind)| (p.iter().collect::<PathBuf>().display().to_string(), kind))
+        };
+        let file = |p: &str| Ok((p.to_owned(), nix::libc::S_IFREG));
+        assert_eq!(resolve("small.txt"), file("small.txt"));
+        assert_eq!(resolve("rel-link"), file("small.txt"));
+        assert_eq!(resolve("abs-link"), file("small.txt"));
+        assert_eq!(resolve("dir-link/f"), file("sub/deep/f"));
+        assert_eq!(resolve("sub/deep/up"), file("small.txt"));
+        assert_eq!(resolve("self/small.txt"), file("small.txt"));
+        assert_eq!(resolve("sub").map(|r| r.1), Ok(nix::libc::S_IFDIR));
+        assert_eq!(resolve("escape-rel"), Err(UploadRefusal::Outside));
+        assert_eq!(resolve("escape-abs"), Err(UploadRefusal::Outside));
+        assert_eq!(resolve("self"), Err(UploadRefusal::Outside));
+        let lookup = |errno, syscall: &str, rel: &str| {
+            Err(UploadRefusal::Lookup { errno, syscall: syscall.into(), rel_path: rel.into() })
+        };
+        assert_eq!(resolve("missing/x"), lookup(nix::libc::ENOENT, "lstat", "missing"));
+        assert_eq!(resolve("small.txt/x"), lookup(nix::libc::ENOTDIR, "lstat", "small.txt/x"));
+        assert_eq!(resolve("loop"), lookup(nix::libc::ELOOP, "stat", "loop"));
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -14,6 +14,9 @@ mod network;
 mod serve;
 mod tasks;
 mod transfer;
+pub mod upload_path;
+
+pub use files::openat2_available;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;

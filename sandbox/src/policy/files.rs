@@ -19,6 +19,10 @@ pub const FILES: &[Allow] = &[
     any("lseek", libc::SYS_lseek),
     any("openat", libc::SYS_openat),
     any("openat2", libc::SYS_openat2),
+    // An upload's input path is resolved as Node's realpath resolves it: a
+    // symlink on it is read from its own O_PATH descriptor (files.rs), and
+    // what it names is then opened beneath the root with openat2.
+    any("readlinkat", libc::SYS_readlinkat),
     any("newfstatat", libc::SYS_newfstatat),
     any("getdents64", libc::SYS_getdents64),
     any("mkdirat", libc::SYS_mkdirat),

@@ -206,6 +206,7 @@ fn session_args(cli: &Cli) -> Vec<OsString> {
     add("--upload-root", s(&cli.upload_root));
     add("--max-stream-bytes", s(&cli.max_stream_bytes));
     add("--events-url", s(&cli.events_url));
+    add("--events-token-file", cli.events_token_file.clone().map(OsString::from));
     add("--task-dir", s(&cli.task_dir));
     add("--audit-log", s(&cli.audit_log));
     add("--audit-key", s(&cli.audit_key));

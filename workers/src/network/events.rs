@@ -1,7 +1,8 @@
 //! SnowLuma's event WebSocket (`SNOWLUMA_MCP_EVENTS_URL`).
 //!
 //! One [`Request::Events`](snowluma_proto::Request::Events) opens one
-//! connection with the access token as `Authorization: Bearer`, reports
+//! connection with the access token (the events token when one is set,
+//! else the HTTP token) as `Authorization: Bearer`, reports
 //! [`EventMsg::Connected`] after the handshake and then every OneBot event
 //! (meta events are consumed here) until the connection ends. Nothing is
 //! ever sent on the socket but the WebSocket protocol's own control frames
@@ -45,7 +46,9 @@ pub(super) async fn run(net: &Net, self_id: i64, ctx: &Ctx) -> Reply {
         Ok(r) => r,
         Err(_) => return closed("the events URL is not a valid WebSocket URL"),
     };
-    if let Some(token) = &net.token {
+    // SnowLuma's WebSocket server has its own token when one is configured
+    // (SNOWLUMA_MCP_EVENTS_TOKEN); otherwise the HTTP token is sent.
+    if let Some(token) = target.token.as_ref().or(net.token.as_ref()) {
         match http::HeaderValue::from_str(&format!("Bearer {token}")) {
             Ok(mut v) => {
                 v.set_sensitive(true);
