@@ -173,8 +173,12 @@ pub struct DocTool {
     pub name: &'static str,
     /// The tool's `inputSchema`.
     pub input_schema: fn() -> Value,
-    answer: fn(&Catalog, &Map<String, Value>, &BTreeSet<String>) -> Result<Value, DocError>,
+    answer: Answer,
 }
+
+/// A documentation tool's answer: the catalog, the arguments (an object)
+/// and the actions the policy denies.
+type Answer = fn(&Catalog, &Map<String, Value>, &BTreeSet<String>) -> Result<Value, DocError>;
 
 impl std::fmt::Debug for DocTool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -566,3 +566,23 @@ pub fn process_tree_cpu_by_name(pid: u32) -> Vec<(String, f64)> {
     }
     by_name
 }
+
+impl Fake {
+    /// The fake the Node transcripts were recorded against
+    /// (`tests/golden/node/`; [`snowluma_fake::FakeSnowLuma::golden_preset`]).
+    pub fn start_golden(token: Option<&str>) -> Fake {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let fake = rt.block_on(snowluma_fake::FakeSnowLuma::golden(token)).unwrap();
+        Fake { fake, rt }
+    }
+
+    /// Arm the transcripts' one-shot fault `mode` for `action`.
+    pub fn arm_golden_fault(&self, action: &str, mode: &str) {
+        self.fake.arm_fault_named(action, mode).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Clear every armed fault.
+    pub fn reset_golden_faults(&self) {
+        self.fake.reset_faults();
+    }
+}

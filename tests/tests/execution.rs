@@ -289,7 +289,10 @@ fn generic_streams_return_a_frame_collection() {
     assert_eq!(res["terminal"]["data"]["data_type"], "data_complete");
     let r = s.call("invoke_action", json!({"action": "test_download_stream", "params": {"error": true}}));
     assert!(is_error(&r));
-    assert!(text(&r).contains("This is a test error"));
+    assert_eq!(
+        text(&r),
+        "调用失败 (test_download_stream): action test_download_stream stream frame 10: terminal error: This is a test error"
+    );
     // Streams need write mode.
     let mut ro = session(&fake, "read", &[]);
     let r = ro.call("query_action", json!({"action": "test_download_stream"}));

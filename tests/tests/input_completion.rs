@@ -563,7 +563,7 @@ fn the_gates_of_the_original_tools_apply_before_any_question() {
     // The operator policy and the catalog.
     assert_eq!(same_gate(&mut w, QUERY, "query_action", json!({"action": "get_cookies"})), "policy_denied");
     assert_eq!(same_gate(&mut w, INVOKE, "invoke_action", json!({"action": "no_such_action"})), "unknown_action");
-    same_gate(&mut w, INVOKE, "invoke_action", json!({"action": "send_group_msg", "params": [1]}));
+    same_gate(&mut w, INVOKE, "invoke_action", json!({"action": "send_group_msg", "execution": [1]}));
 
     // Read mode: invoke_action_with_input is refused like invoke_action; a write through query too.
     let mut r = modern(&fake, "read", &[]);

@@ -406,10 +406,11 @@ fn a_running_task_shows_its_progress_and_is_audited() {
 fn a_refused_call_creates_no_task() {
     let e = env("refused");
     let mut s = e.spawn_with("t", &e.task_dir());
-    // Unknown action, bad params: refused at once, no record.
+    // Unknown action, bad execution options: refused at once, no record.
     let r = call_task_tool(&mut s, "invoke_action_background", json!({"action": "no_such_action"}));
     assert_eq!(r["result"]["isError"], true, "{r}");
-    let r = call_task_tool(&mut s, "invoke_action_background", json!({"action": "download_file_stream", "params": 5}));
+    let r =
+        call_task_tool(&mut s, "invoke_action_background", json!({"action": "download_file_stream", "execution": 5}));
     assert_eq!(r["result"]["isError"], true, "{r}");
     // An upload only as the automatic upload.
     let r = call_task_tool(

@@ -167,7 +167,10 @@ fn per_file_cap_and_directory_quota() {
     e.fake.fake.add_file("ok", bytes(900));
     let r = e.s.call("invoke_action", json!({"action": "download_file_stream", "params": {"file": "big"}}));
     assert!(is_error(&r));
-    assert!(text(&r).contains("exceeds"), "{}", text(&r));
+    assert_eq!(
+        text(&r),
+        "调用失败 (download_file_stream): action download_file_stream stream frame 0: file_size exceeds limit (1000 bytes)"
+    );
     for _ in 0..2 {
         let r = e.s.call("invoke_action", json!({"action": "download_file_stream", "params": {"file": "ok"}}));
         assert!(!is_error(&r), "{r}");
@@ -175,6 +178,10 @@ fn per_file_cap_and_directory_quota() {
     // 1800 of the 2000-byte quota used: only 200 bytes remain for the next file.
     let r = e.s.call("invoke_action", json!({"action": "download_file_stream", "params": {"file": "ok"}}));
     assert!(is_error(&r));
+    assert_eq!(
+        text(&r),
+        "调用失败 (download_file_stream): action download_file_stream stream frame 0: frame handling failed: download directory quota 2000 bytes exceeded: existing=1800, reserved=0, requested reserve=900"
+    );
     assert_eq!(files_in(&stream_dir(&e.dir)).len(), 2, "nothing partial left");
     std::fs::write(stream_dir(&e.dir).join("filler"), bytes(200)).unwrap();
     let r = e.s.call("invoke_action", json!({"action": "download_file_stream", "params": {"file": "ok"}}));
@@ -194,7 +201,10 @@ fn at_most_four_streams_at_once() {
     wait_until("four streams reach the fake", || (e.fake.fake.requests().len() >= 4).then_some(()));
     let r = e.s.call("invoke_action", json!({"action": "test_download_stream"}));
     assert!(is_error(&r));
-    assert!(text(&r).contains("limit reached (4)"), "{}", text(&r));
+    assert_eq!(
+        text(&r),
+        "调用失败 (test_download_stream): action test_download_stream stream admission: active Stream Action limit reached (4)"
+    );
     for id in &ids {
         e.s.notify("notifications/cancelled", json!({"requestId": id}));
     }
@@ -305,7 +315,9 @@ fn escape_attempts_are_refused() {
         root.join("sub").display().to_string(),
         root.join("fifo").display().to_string(),
         swapped.display().to_string(),
-        "relative/path.txt".to_owned(),
+        // Relative paths resolve against the upload root.
+        "../secret.txt".to_owned(),
+        "sub/../../secret.txt".to_owned(),
         root.display().to_string(),
         root.join("missing.txt").display().to_string(),
     ];
@@ -313,6 +325,9 @@ fn escape_attempts_are_refused() {
         let r = e.s.call("invoke_action", json!({"action": "upload_file_stream", "execution": {"input_file": a}}));
         assert!(is_error(&r), "{a} must be refused: {r}");
         assert_eq!(diag(&r)["kind"], "invalid_arguments", "{a}");
+        // Node's wording (tests/tests/uploads.rs checks each text).
+        let t = text(&r);
+        assert!(t.starts_with("调用失败 (upload_file_stream): action upload_file_stream stream "), "{a}: {t}");
     }
     assert!(e.fake.fake.requests().is_empty(), "nothing was uploaded");
     let r = e.s.call(
@@ -337,7 +352,11 @@ fn a_failed_or_cancelled_upload_resets_the_remote_stream() {
         e.fake.fake.requests().iter().filter_map(|q| q.json()).filter(|j| j["params"]["reset"] == true).count()
     };
     assert_eq!(resets(&e), 1, "a reset follows the failure");
-    assert!(text(&r).contains("reset"), "{}", text(&r));
+    // Node's words: the stage, the failure, and the reset that failed too.
+    assert_eq!(
+        text(&r),
+        "调用失败 (upload_file_stream): action upload_file_stream stream send chunk 0: action upload_file_stream stream HTTP: unexpected status 500; remote reset failed: action upload_file_stream stream HTTP: unexpected status 500"
+    );
 
     // Cancelled: the chunk hangs; cancelling sends the reset.
     e.fake.fake.clear_requests();

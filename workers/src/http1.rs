@@ -16,6 +16,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -60,19 +61,21 @@ impl Drop for Conn {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum Failure {
     /// No connection could be made: nothing was sent.
+    #[error("connect: {0}")]
     Connect(String),
     /// The request was not written (it could not be built, or a new
     /// connection failed first).
+    #[error("not sent: {0}")]
     NotSent(String),
     /// The exchange failed after the request may have been sent.
-    Exchange {
-        stage: &'static str,
-        detail: String,
-    },
-    TooLarge,
+    #[error("{stage}: {detail}")]
+    Exchange { stage: &'static str, detail: String },
+    /// The body exceeded the cap; the response's HTTP status.
+    #[error("the response (HTTP {0}) exceeds the body limit")]
+    TooLarge(u16),
 }
 
 impl Direct {
@@ -187,8 +190,16 @@ impl Direct {
     }
 
     /// POST `body`; the status and the whole response body (at most `cap`
-    /// bytes). Callers bound it with the request timeout and cancellation.
-    pub(crate) async fn post(&self, body: String, trace: &TraceContext, cap: usize) -> Result<(u16, Vec<u8>), Failure> {
+    /// bytes). Callers bound it with the request timeout and cancellation;
+    /// `head` is set once the response head has arrived (a timeout after it
+    /// happened while the body was read).
+    pub(crate) async fn post(
+        &self,
+        body: String,
+        trace: &TraceContext,
+        cap: usize,
+        head: &AtomicBool,
+    ) -> Result<(u16, Vec<u8>), Failure> {
         let body = Bytes::from(body);
         let (mut conn, reused) = match self.checkout().await {
             Some(c) => (c, true),
@@ -215,6 +226,7 @@ impl Direct {
             }
         };
         let status = resp.status().as_u16();
+        head.store(true, Ordering::Relaxed);
         let mut incoming = resp.into_body();
         let mut out = Vec::new();
         while let Some(frame) = incoming.frame().await {
@@ -222,7 +234,7 @@ impl Direct {
                 frame.map_err(|e| Failure::Exchange { stage: "reading the response", detail: e.to_string() })?;
             if let Ok(data) = frame.into_data() {
                 if out.len() + data.len() > cap {
-                    return Err(Failure::TooLarge);
+                    return Err(Failure::TooLarge(status));
                 }
                 out.extend_from_slice(&data);
             }

@@ -25,6 +25,7 @@
 mod actions;
 pub mod base64;
 pub mod events;
+mod golden;
 mod http;
 mod server;
 pub mod sha256;
@@ -43,6 +44,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 pub use events::FakeEvents;
+pub use golden::{GoldenFault, UnknownFault, fake_byte, fake_file};
 
 /// The downloadable file of [`FakeSnowLuma::interop_preset`].
 pub const INTEROP_FILE: &str = "interop.bin";
@@ -140,6 +142,10 @@ pub(crate) struct State {
     pub server_closed: Vec<String>,
     pub uploads: HashMap<String, stream::UploadStream>,
     pub uploaded: HashMap<String, Vec<u8>>,
+    /// The golden preset is on ([`FakeSnowLuma::golden_preset`]).
+    pub golden: bool,
+    /// Its armed one-shot faults, by action.
+    pub golden_faults: HashMap<String, GoldenFault>,
 }
 
 pub(crate) struct Shared {
@@ -291,6 +297,44 @@ impl FakeSnowLuma {
         );
         self.add_file(INTEROP_FILE, (0..INTEROP_FILE_BYTES).map(|i| (i % 251) as u8).collect());
         self.set_fault("get_group_list", Fault::Hang);
+    }
+
+    /// A fake started with the golden preset ([`FakeSnowLuma::golden_preset`]).
+    pub async fn golden(token: Option<&str>) -> std::io::Result<FakeSnowLuma> {
+        let fake = FakeSnowLuma::start(FakeOptions { token: token.map(str::to_owned) }).await?;
+        fake.golden_preset();
+        Ok(fake)
+    }
+
+    /// The fake the Node server's transcripts were recorded against
+    /// (`shared/reference/upstream/node-transcripts.jsonl`, sessions 4–13):
+    /// its fixed answers, `fake://N` downloads, undelimited upload and
+    /// failed-download bodies, and its one-shot faults ([`GoldenFault`],
+    /// armed with [`FakeSnowLuma::arm_fault`] or `POST /__fault {"action",
+    /// "mode"}`, cleared with [`FakeSnowLuma::reset_faults`] or `POST
+    /// /__reset`). See the `golden` module for the details.
+    pub fn golden_preset(&self) {
+        for (action, envelope) in golden::preset_responses() {
+            self.set_response(action, envelope);
+        }
+        self.shared.lock().golden = true;
+    }
+
+    /// Arms `fault` for the next request naming `action` (golden preset).
+    pub fn arm_fault(&self, action: &str, fault: GoldenFault) {
+        self.shared.lock().golden_faults.insert(action.to_owned(), fault);
+    }
+
+    /// [`FakeSnowLuma::arm_fault`] by the transcripts' name of the fault
+    /// (`non_json`, `http500`, …, `giant_frame`).
+    pub fn arm_fault_named(&self, action: &str, mode: &str) -> Result<(), UnknownFault> {
+        self.arm_fault(action, mode.parse()?);
+        Ok(())
+    }
+
+    /// Disarms every golden fault not yet used.
+    pub fn reset_faults(&self) {
+        self.shared.lock().golden_faults.clear();
     }
 
     /// The reassembled bytes of a completed `upload_file_stream` upload.

@@ -1,21 +1,24 @@
 //! `snowluma-fake`: runs the fake SnowLuma server by hand or for benchmarks.
 //!
 //! ```text
-//! snowluma-fake [--token TOKEN] [--port PORT] [--file NAME=PATH]... [--preset interop]
+//! snowluma-fake [--token TOKEN] [--port PORT] [--file NAME=PATH]... [--preset interop|golden]
 //! ```
 //!
 //! Prints the endpoint URL (`http://127.0.0.1:<port>/`) as one line on stdout,
 //! then serves until interrupted or killed. `--file` makes a local file
 //! downloadable under NAME by the `download_file*_stream` actions.
 //! `--preset interop` applies [`FakeSnowLuma::interop_preset`], the set-up the
-//! interoperability clients in `tests/interop/` expect.
+//! interoperability clients in `tests/interop/` expect; `--preset golden`
+//! applies [`FakeSnowLuma::golden_preset`], the fake the Node server's
+//! transcripts were recorded against.
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use snowluma_fake::{FakeOptions, FakeSnowLuma};
 
-const USAGE: &str = "usage: snowluma-fake [--token TOKEN] [--port PORT] [--file NAME=PATH]... [--preset interop]";
+const USAGE: &str =
+    "usage: snowluma-fake [--token TOKEN] [--port PORT] [--file NAME=PATH]... [--preset interop|golden]";
 
 #[derive(Debug, Default)]
 struct Args {
@@ -23,6 +26,7 @@ struct Args {
     port: u16,
     files: Vec<(String, String)>,
     preset_interop: bool,
+    preset_golden: bool,
     help: bool,
 }
 
@@ -48,7 +52,8 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--preset" => match value()?.as_str() {
                 "interop" => parsed.preset_interop = true,
-                other => return Err(format!("unknown preset: {other} (known: interop)")),
+                "golden" => parsed.preset_golden = true,
+                other => return Err(format!("unknown preset: {other} (known: interop, golden)")),
             },
             "-h" | "--help" => parsed.help = true,
             other => return Err(format!("unknown argument: {other}")),
@@ -80,6 +85,9 @@ async fn main() -> ExitCode {
     };
     if args.preset_interop {
         server.interop_preset();
+    }
+    if args.preset_golden {
+        server.golden_preset();
     }
     for (name, path) in &args.files {
         match std::fs::read(path) {
@@ -121,6 +129,7 @@ mod tests {
         assert!(parse(&["--port"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
         assert!(parse(&["--preset", "interop"]).unwrap().preset_interop);
+        assert!(parse(&["--preset", "golden"]).unwrap().preset_golden);
         assert!(parse(&["--preset", "x"]).is_err());
     }
 }

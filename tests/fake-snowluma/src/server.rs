@@ -8,10 +8,11 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Duration, Instant};
 
-use crate::actions::{self, Frames, Parsed, Reply, failed, ok, with_echo};
+use crate::actions::{self, Call, Frames, Parsed, Reply, failed, ok, with_echo};
+use crate::golden::{self, GoldenReply};
 use crate::http::{Conn, Head, ReadError};
-use crate::stream::FRAME_END;
-use crate::{Fault, RecordedRequest, Shared};
+use crate::stream::{self, FRAME_END};
+use crate::{Fault, GoldenFault, RecordedRequest, Shared, State};
 
 /// What to do with the connection after a request.
 enum After {
@@ -106,6 +107,9 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
         }
     };
     let keep_alive = head.keep_alive();
+    if head.method == "POST" && shared.lock().golden && matches!(head.path.as_str(), "/__fault" | "/__reset") {
+        return golden_control(shared, conn, &head, &body, keep_alive).await;
+    }
     let parsed = actions::parse_call(&head, &body);
     let action = match &parsed {
         Parsed::Call(call) => Some(call.action.clone()),
@@ -124,6 +128,13 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
         Parsed::Call(call) => call,
     };
 
+    let golden_fault = {
+        let mut state = shared.lock();
+        if state.golden { state.golden_faults.remove(&call.action) } else { None }
+    };
+    if let Some(fault) = golden_fault {
+        return serve_golden_fault(shared, conn, call, fault, keep_alive).await;
+    }
     let fault = shared.lock().faults.get(&call.action).cloned();
     let mut split = None;
     let mut pace = None;
@@ -197,6 +208,34 @@ async fn serve_request(shared: &Shared, conn: &mut Conn) -> After {
     }
 
     let action = call.action.clone();
+    let golden_reply = {
+        let mut state = shared.lock();
+        let State { golden, responses, uploads, uploaded, .. } = &mut *state;
+        if *golden && !responses.contains_key(&call.action) && split.is_none() {
+            golden::stream_reply(&call.action, &call.params, || stream::upload(uploads, uploaded, &call.params))
+        } else {
+            None
+        }
+    };
+    match golden_reply {
+        Some(GoldenReply::Undelimited(body)) => {
+            let body = with_echo(body, call.echo.as_ref());
+            return write_bytes(conn, 200, &json_bytes(&body), keep_alive, None).await;
+        }
+        Some(GoldenReply::Paced(frames, every)) => {
+            let echo = call.echo.clone();
+            let frames: Frames = Box::new(frames.map(move |f| with_echo(f, echo.as_ref())));
+            return match write_paced(conn, frames, keep_alive, every).await {
+                Ok(()) if keep_alive => After::KeepAlive,
+                Ok(()) => After::Close,
+                Err(_) => {
+                    shared.record_closed(&action);
+                    After::Drop
+                }
+            };
+        }
+        None => {}
+    }
     let reply = actions::dispatch(&mut shared.lock(), call);
     match reply {
         Reply::Json { status, body } => write_bytes(conn, status, &json_bytes(&body), keep_alive, split).await,
@@ -260,6 +299,94 @@ async fn write_stream(
     }
     conn.write_chunk(&pending).await?;
     conn.finish_chunked().await
+}
+
+/// Writes Stream frames, one HTTP chunk each, waiting `every` between two.
+async fn write_paced(conn: &mut Conn, frames: Frames, keep_alive: bool, every: Duration) -> io::Result<()> {
+    conn.start_chunked(keep_alive).await?;
+    for (i, frame) in frames.enumerate() {
+        if i > 0 && !every.is_zero() {
+            tokio::time::sleep(every).await;
+        }
+        let mut bytes = json_bytes(&frame);
+        bytes.extend_from_slice(FRAME_END);
+        conn.write_chunk(&bytes).await?;
+    }
+    conn.finish_chunked().await
+}
+
+/// `POST /__fault {"action", "mode"}` arms a golden fault; `POST /__reset`
+/// disarms them all. Neither is recorded as a request.
+async fn golden_control(shared: &Shared, conn: &mut Conn, head: &Head, body: &[u8], keep_alive: bool) -> After {
+    if head.path == "/__reset" {
+        shared.lock().golden_faults.clear();
+        return write_json(conn, 200, &ok(Value::Null), keep_alive).await;
+    }
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let action = request.get("action").and_then(Value::as_str);
+    let mode = request.get("mode").and_then(Value::as_str).map(str::parse::<GoldenFault>);
+    match (action, mode) {
+        (Some(action), Some(Ok(fault))) => {
+            shared.lock().golden_faults.insert(action.to_owned(), fault);
+            write_json(conn, 200, &ok(Value::Null), keep_alive).await
+        }
+        (_, Some(Err(e))) => write_json(conn, 400, &failed(1400, &e.to_string()), keep_alive).await,
+        _ => write_json(conn, 400, &failed(1400, "__fault needs action and mode"), keep_alive).await,
+    }
+}
+
+/// One armed golden fault, answering `call`.
+async fn serve_golden_fault(
+    shared: &Shared,
+    conn: &mut Conn,
+    call: Call,
+    fault: GoldenFault,
+    keep_alive: bool,
+) -> After {
+    if let Some((status, body)) = golden::raw_answer(fault) {
+        return write_bytes(conn, status, &body, keep_alive, None).await;
+    }
+    match fault {
+        GoldenFault::Hang => {
+            conn.wait_for_close(None).await;
+            shared.record_closed(&call.action);
+            return After::Drop;
+        }
+        // Read, never answered: the connection just closes.
+        GoldenFault::Reset => return After::Drop,
+        GoldenFault::Truncated => {
+            let body = match actions::dispatch(&mut shared.lock(), call) {
+                Reply::Json { body, .. } => json_bytes(&body),
+                Reply::Stream(_) => json_bytes(&ok(Value::Null)),
+            };
+            let _ = conn.write_truncated(200, JSON, &body, body.len() / 2).await;
+            return After::Drop;
+        }
+        _ => {}
+    }
+    let Some((pieces, break_off)) = golden::fault_frames(fault, &call.params) else {
+        return After::Drop;
+    };
+    let written = async {
+        conn.start_chunked(keep_alive).await?;
+        for piece in &pieces {
+            conn.write_chunk(piece).await?;
+        }
+        if break_off {
+            return Ok(false);
+        }
+        conn.finish_chunked().await.map(|()| true)
+    }
+    .await;
+    match written {
+        Ok(true) if keep_alive => After::KeepAlive,
+        Ok(true) => After::Close,
+        Ok(false) => After::Drop,
+        Err(_) => {
+            shared.record_closed(&call.action);
+            After::Drop
+        }
+    }
 }
 
 /// Sends the response head and about half of the body, then closes.

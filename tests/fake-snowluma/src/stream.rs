@@ -109,7 +109,13 @@ fn download_frames(files: &HashMap<String, Arc<Vec<u8>>>, params: &Params) -> Re
     let Some(bytes) = files.get(&requested).or_else(|| files.get(&base_name)).cloned() else {
         return Err(frame_failed(100, &format!("file not found: {requested}")));
     };
+    Ok(file_frames(bytes, base_name, chunk_size as u64))
+}
 
+/// The frames of a download of `bytes` named `base_name`, in chunks of
+/// `chunk_size` (at least 1) bytes: `file_info`, the chunks, `file_complete`.
+pub(crate) fn file_frames(bytes: Arc<Vec<u8>>, base_name: String, chunk_size: u64) -> Frames {
+    let chunk_size = usize::try_from(chunk_size.max(1)).unwrap_or(usize::MAX);
     let total = bytes.len();
     let total_chunks = total.div_ceil(chunk_size);
     let info = frame_ok(json!({
@@ -142,7 +148,7 @@ fn download_frames(files: &HashMap<String, Arc<Vec<u8>>>, params: &Params) -> Re
         "total_bytes": total,
         "message": "Download completed"
     }));
-    Ok(Box::new(std::iter::once(info).chain(chunks).chain(std::iter::once(complete))))
+    Box::new(std::iter::once(info).chain(chunks).chain(std::iter::once(complete)))
 }
 
 // ---------------------------------------------------------------- upload_file_stream

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::http::find;
-use crate::{FakeOptions, FakeSnowLuma, Fault, base64, sha256};
+use crate::{FakeOptions, FakeSnowLuma, Fault, GoldenFault, base64, sha256};
 
 // ------------------------------------------------------------------ raw client
 
@@ -759,4 +759,193 @@ async fn listener_closes_when_last_handle_drops() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("listener still accepting after the last handle was dropped");
+}
+
+// ------------------------------------------------------------------ golden preset
+
+/// Splits a body on `\r\n\r\n` as Node's client does; what follows the last
+/// delimiter comes back apart.
+fn split_frames(body: &[u8]) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let mut frames = Vec::new();
+    let mut rest = body;
+    while let Some(at) = find(rest, b"\r\n\r\n") {
+        frames.push(rest[..at].to_vec());
+        rest = &rest[at + 4..];
+    }
+    (frames, rest.to_vec())
+}
+
+fn json_frames(body: &[u8]) -> Vec<Value> {
+    let (frames, rest) = split_frames(body);
+    assert!(rest.is_empty(), "a delimited stream");
+    frames.iter().map(|f| serde_json::from_slice(f).unwrap()).collect()
+}
+
+#[tokio::test]
+async fn golden_ordinary_answers() {
+    let fake = FakeSnowLuma::golden(Some("T")).await.unwrap();
+    let auth = [("Authorization", "Bearer T")];
+    let post = |action: &str, params: Value| {
+        let body = json!({"action": action, "params": params}).to_string();
+        let addr = fake.addr();
+        async move { Client::connect(addr).await.request("POST", "/", &auth, body.as_bytes()).await }
+    };
+    assert_eq!(
+        post("get_group_list", json!({"no_cache": true})).await.json(),
+        json!({"status": "ok", "retcode": 0, "data": [{"group_id": 20001, "group_name": "g1", "member_count": 3, "max_member_count": 200}]})
+    );
+    assert_eq!(
+        post("get_login_info", json!({})).await.json(),
+        json!({"status": "ok", "retcode": 0, "data": {"user_id": 10001, "nickname": "fake-bot"}})
+    );
+    assert_eq!(
+        post("get_friend_list", json!({})).await.json(),
+        json!({"status": "ok", "retcode": 0, "data": [{"user_id": 30001, "nickname": "f1", "remark": ""}]})
+    );
+    for action in ["set_group_name", "set_group_kick"] {
+        assert_eq!(
+            post(action, json!({"group_id": 1})).await.json(),
+            json!({"status": "ok", "retcode": 0, "data": null})
+        );
+    }
+    assert_eq!(
+        post("send_private_msg", json!({"user_id": 30001})).await.body,
+        br#"{"status":"failed","retcode":1400,"data":null,"wording":"message: is required"}"#
+    );
+    assert_eq!(
+        post("get_group_info", json!({"group_id": 20001})).await.body,
+        br#"{"status":"failed","retcode":1404,"data":null,"wording":"unknown action"}"#
+    );
+    let resp =
+        Client::connect(fake.addr()).await.request("POST", "/", &[("Authorization", "Bearer wrong")], b"{}").await;
+    assert_eq!(resp.status, 401);
+    assert_eq!(resp.body, br#"{"status":"failed","retcode":1401,"data":null,"wording":"unauthorized"}"#);
+}
+
+#[tokio::test]
+async fn golden_downloads_and_undelimited_bodies() {
+    let fake = FakeSnowLuma::golden(None).await.unwrap();
+    for (n, chunk, frames, sha) in [
+        (70000usize, None, 4, "3500f58cfd1bd88e231edf56dca995542a702bd54525804e5a8604c8aa5cb52e"),
+        (300, Some(100), 5, "4ebe2a8bd5ece93fb899b68e8a5fe64464b2058a5ddca6c079bc907930aa3003"),
+    ] {
+        let mut params = json!({"file": format!("fake://{n}")});
+        if let Some(c) = chunk {
+            params["chunk_size"] = json!(c);
+        }
+        let got = json_frames(&call(&fake, "download_file_image_stream", params).await.body);
+        assert_eq!(got.len(), frames);
+        assert_eq!(got[0]["data"]["file_name"], format!("fake-{n}.bin"));
+        let bytes: Vec<u8> = got[1..frames - 1]
+            .iter()
+            .flat_map(|f| base64::decode(f["data"]["data"].as_str().unwrap()).unwrap())
+            .collect();
+        assert_eq!(sha256::digest_hex(&bytes), sha);
+        assert_eq!(
+            got[frames - 1],
+            json!({"status": "ok", "retcode": 0, "data": {"type": "response", "data_type": "file_complete",
+                   "file_name": format!("fake-{n}.bin"), "total_chunks": frames - 2, "total_bytes": n,
+                   "message": "Download completed"}, "message": "", "wording": "", "stream": "stream-action"})
+        );
+    }
+    // A file that is not fake://N, and any upload: one JSON body, no delimiter.
+    let resp = call(&fake, "download_file_record_stream", json!({"file": "missing.amr"})).await;
+    let (frames, rest) = split_frames(&resp.body);
+    assert!(frames.is_empty());
+    assert_eq!(serde_json::from_slice::<Value>(&rest).unwrap()["status"], "failed");
+    let resp = call(
+        &fake,
+        "upload_file_stream",
+        json!({"stream_id": "g1", "chunk_data": "YWJj", "chunk_index": 0, "total_chunks": 1}),
+    )
+    .await;
+    let (frames, rest) = split_frames(&resp.body);
+    assert!(frames.is_empty());
+    assert_eq!(serde_json::from_slice::<Value>(&rest).unwrap()["data"]["status"], "chunk_received");
+    // test_download_stream with frames delay_ms apart.
+    let started = Instant::now();
+    let got = json_frames(&call(&fake, "test_download_stream", json!({"delay_ms": 20})).await.body);
+    assert_eq!(got.len(), 11);
+    assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+    assert_eq!(got[10]["data"]["data_type"], "data_complete");
+}
+
+#[tokio::test]
+async fn golden_faults_are_one_shot_and_named_as_in_the_transcripts() {
+    let fake = FakeSnowLuma::golden(None).await.unwrap();
+    for f in GoldenFault::ALL {
+        assert_eq!(f.name().parse::<GoldenFault>(), Ok(f));
+    }
+    assert!(fake.arm_fault_named("x", "nope").is_err());
+    // Armed over HTTP, used once.
+    let arm = json!({"action": "get_friend_list", "mode": "non_json"}).to_string();
+    assert_eq!(Client::connect(fake.addr()).await.request("POST", "/__fault", &[], arm.as_bytes()).await.status, 200);
+    assert_eq!(call(&fake, "get_friend_list", json!({})).await.body, b"this is not json");
+    assert_eq!(call(&fake, "get_friend_list", json!({})).await.json()["retcode"], 0);
+    fake.arm_fault_named("get_group_list", "http500").unwrap();
+    let resp = call(&fake, "get_group_list", json!({})).await;
+    assert_eq!(resp.status, 500);
+    assert!(serde_json::from_slice::<Value>(&resp.body).is_err());
+    fake.arm_fault("get_login_info", GoldenFault::ArrayBody);
+    assert!(call(&fake, "get_login_info", json!({})).await.json().is_array());
+    fake.arm_fault("get_status", GoldenFault::Deep);
+    let body = call(&fake, "get_status", json!({})).await.body;
+    assert!(body.len() > 200_000 && body.starts_with(b"{"));
+    // Disarmed by a reset.
+    fake.arm_fault("get_status", GoldenFault::Deep);
+    assert_eq!(Client::connect(fake.addr()).await.request("POST", "/__reset", &[], b"").await.status, 200);
+    assert_eq!(call(&fake, "get_status", json!({})).await.json()["retcode"], 0);
+    assert!(fake.requests().iter().all(|r| !r.path.starts_with("/__")), "control requests are not recorded");
+
+    // Truncated and reset: no whole answer.
+    fake.arm_fault("get_version_info", GoldenFault::Truncated);
+    let mut c = Client::connect(fake.addr()).await;
+    c.send("POST", "/", &[], br#"{"action":"get_version_info"}"#).await;
+    assert!(c.read_response().await.is_none());
+    fake.arm_fault("get_msg", GoldenFault::Reset);
+    let mut c = Client::connect(fake.addr()).await;
+    c.send("POST", "/", &[], br#"{"action":"get_msg"}"#).await;
+    assert!(c.read_to_end().await.is_empty());
+
+    // Spoilt downloads: the frame the transcripts' errors name.
+    let spoilt = |fault: GoldenFault| {
+        let fake = fake.clone();
+        async move {
+            fake.arm_fault("download_file_image_stream", fault);
+            let mut c = Client::connect(fake.addr()).await;
+            c.send("POST", "/", &[], br#"{"action":"download_file_image_stream","params":{"file":"fake://1"}}"#).await;
+            let resp = c.read_response().await;
+            let body = match resp {
+                Some(r) => r.body,
+                None => c.read_to_end().await,
+            };
+            split_frames(&body).0
+        }
+    };
+    let data_type = |raw: &[u8]| {
+        serde_json::from_slice::<Value>(raw).map(|v| v["data"]["data_type"].clone()).unwrap_or(Value::Null)
+    };
+    let f = spoilt(GoldenFault::NoTerminal).await;
+    assert_eq!(f.len(), 4);
+    assert_eq!(data_type(&f[0]), "file_info");
+    assert_eq!(serde_json::from_slice::<Value>(&f[0]).unwrap()["data"]["file_size"], 196_608);
+    let f = spoilt(GoldenFault::DoubleTerminal).await;
+    assert_eq!((f.len(), data_type(&f[4]), data_type(&f[5])), (6, json!("file_complete"), json!("file_complete")));
+    assert_eq!(spoilt(GoldenFault::TooManyBytes).await.len(), 6);
+    assert_eq!(spoilt(GoldenFault::GarbageFrame).await[2], b"this is not json");
+    let f = spoilt(GoldenFault::ErrorFrame).await;
+    assert_eq!(serde_json::from_slice::<Value>(&f[2]).unwrap()["wording"], "disk full");
+    assert_eq!(data_type(&spoilt(GoldenFault::NoFileInfo).await[0]), "file_chunk");
+    let f = spoilt(GoldenFault::IndexGap).await;
+    assert_eq!(serde_json::from_slice::<Value>(&f[2]).unwrap()["data"]["index"], 2);
+    // Reset mid-body: two frames, then the connection ends without the last chunk.
+    fake.arm_fault("download_file_record_stream", GoldenFault::ResetMid);
+    let mut c = Client::connect(fake.addr()).await;
+    c.send("POST", "/", &[], br#"{"action":"download_file_record_stream","params":{"file":"fake://1"}}"#).await;
+    let raw = c.read_to_end().await;
+    let count = |needle: &[u8]| raw.windows(needle.len()).filter(|w| *w == needle).count();
+    assert_eq!((count(b"\"file_info\""), count(b"\"file_chunk\"")), (1, 1), "two frames");
+    assert!(!raw.ends_with(b"\r\n0\r\n\r\n"), "no last chunk");
+    let f = spoilt(GoldenFault::GiantFrame).await;
+    assert!(f[1].len() > 24 * 1024 * 1024);
 }

@@ -4,6 +4,7 @@
 //! timeout, body cap and classification.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -12,7 +13,11 @@ use tokio::sync::Semaphore;
 
 use super::MAX_BODY_BYTES;
 use super::envelope::{MAX_RESPONSE_DEPTH, classify_body, nesting_depth};
-use super::errors::{cancelled, direct_failure, reqwest_failure, transport_failure};
+use super::errors::{
+    ABORTED_BY_TIMEOUT, ExecFailure, FETCH_FAILED, MAX_CALL_STACK, TERMINATED, cancelled, request_failed,
+    reqwest_request_failure,
+};
+use super::json_syntax;
 use super::streams::MAX_ACTIVE_STREAMS;
 use crate::serve::Ctx;
 
@@ -32,6 +37,11 @@ pub(crate) struct Net {
     pub(crate) timeout: Duration,
     pub(super) streams: Arc<Semaphore>,
     calls: Semaphore,
+    /// `SNOWLUMA_MCP_MAX_STREAM_BYTES`.
+    pub(crate) max_stream_bytes: u64,
+    /// Bytes of the download quota held by the downloads running now (what
+    /// each announced, or its whole reservation before it did).
+    pub(crate) downloads_reserved: AtomicU64,
 }
 
 pub(super) fn tls_config() -> Result<rustls::ClientConfig, String> {
@@ -82,6 +92,8 @@ pub(super) fn build(cfg: NetworkConfig) -> Result<Net, String> {
         timeout: Duration::from_millis(cfg.timeout_ms),
         streams: Arc::new(Semaphore::new(MAX_ACTIVE_STREAMS)),
         calls: Semaphore::new(MAX_ACTIVE_CALLS),
+        max_stream_bytes: cfg.max_stream_bytes,
+        downloads_reserved: AtomicU64::new(0),
     })
 }
 
@@ -133,63 +145,110 @@ pub(super) async fn call(net: &Net, req: &ExecRequest, ctx: &Ctx) -> ToolReply {
         },
         _ = ctx.cancel.cancelled() => return cancelled(false),
     };
-    let exchange = async {
-        if let Some(direct) = &net.direct {
-            let body = body_text(&req.action, &req.params.0);
-            return match tokio::time::timeout(net.timeout, direct.post(body, &req.trace, MAX_BODY_BYTES)).await {
-                Ok(Ok(x)) => Ok(x),
-                Ok(Err(f)) => Err(direct_failure(f, req.write)),
-                Err(_) => Err(transport_failure(
-                    FailureKind::Timeout,
-                    "SnowLuma did not answer in time (request: operation timed out)".into(),
-                    req.write,
-                    true,
-                )),
-            };
-        }
-        let resp = request_with_body(net, req, body_text(&req.action, &req.params.0))
-            .timeout(net.timeout)
-            .send()
-            .await
-            .map_err(|e| reqwest_failure(&e, req.write, "request"))?;
-        let status = resp.status().as_u16();
-        let body = read_capped(resp, MAX_BODY_BYTES).await.map_err(|e| match e {
-            BodyError::Http(e) => reqwest_failure(&e, req.write, "reading the response"),
-            BodyError::TooLarge => transport_failure(
-                FailureKind::InvalidResponse,
-                format!("SnowLuma's response exceeds {MAX_BODY_BYTES} bytes"),
-                req.write,
-                true,
-            ),
-        })?;
-        Ok::<_, ToolReply>((status, body))
-    };
+    // One timeout covers the whole exchange, as Node's `AbortSignal.timeout`
+    // does; it is worded by whether the response head had arrived.
+    let head = AtomicBool::new(false);
+    let exchange = tokio::time::timeout(net.timeout, exchange(net, req, &head));
     let (status, body) = tokio::select! {
         r = exchange => match r {
-            Ok(x) => x,
-            Err(reply) => return reply,
+            Ok(Ok(x)) => x,
+            Ok(Err(f)) => return f.reply(req),
+            Err(_) if head.load(Ordering::Relaxed) => {
+                return ExecFailure::transport(FailureKind::Timeout, true, ABORTED_BY_TIMEOUT).reply(req);
+            }
+            Err(_) => return request_failed(&req.action, FailureKind::Timeout, true, ABORTED_BY_TIMEOUT).reply(req),
         },
         _ = ctx.cancel.cancelled() => return cancelled(req.write),
     };
+    match answer(status, body) {
+        Ok(reply) => reply,
+        Err(f) => f.reply(req),
+    }
+}
+
+/// The status and body of an ordinary call (by the hot path for plain HTTP,
+/// else by reqwest); `head` is set once the response head has arrived.
+async fn exchange(net: &Net, req: &ExecRequest, head: &AtomicBool) -> Result<(u16, Vec<u8>), ExecFailure> {
+    let body = body_text(&req.action, &req.params.0);
+    if let Some(direct) = &net.direct {
+        return direct.post(body, &req.trace, MAX_BODY_BYTES, head).await.map_err(|f| direct_failure(&req.action, f));
+    }
+    let resp = request_with_body(net, req, body).send().await.map_err(|e| {
+        let failure = reqwest_request_failure(&req.action, &e);
+        tracing::debug!(error = %e.without_url(), "ordinary call failed");
+        failure
+    })?;
+    let status = resp.status().as_u16();
+    head.store(true, Ordering::Relaxed);
+    let body = read_capped(resp, MAX_BODY_BYTES).await.map_err(|e| match e {
+        BodyError::Http(e) => {
+            tracing::debug!(error = %e.without_url(), "reading a response failed");
+            ExecFailure::transport(FailureKind::Transport, true, TERMINATED)
+        }
+        BodyError::TooLarge => too_large(status),
+    })?;
+    Ok((status, body))
+}
+
+fn direct_failure(action: &str, f: crate::http1::Failure) -> ExecFailure {
+    use crate::http1::Failure;
+    // Node's texts say only "fetch failed"; what failed goes to the log.
+    tracing::debug!(failure = %f, "ordinary call failed");
+    match f {
+        Failure::Connect(_) | Failure::NotSent(_) => {
+            request_failed(action, FailureKind::Transport, false, FETCH_FAILED)
+        }
+        // After the head, undici's body error; before it, fetch's.
+        Failure::Exchange { stage: "reading the response", .. } => {
+            ExecFailure::transport(FailureKind::Transport, true, TERMINATED)
+        }
+        Failure::Exchange { .. } => request_failed(action, FailureKind::Transport, true, FETCH_FAILED),
+        Failure::TooLarge(status) => too_large(status),
+    }
+}
+
+/// A body larger than a reply between our processes can carry (Node has no
+/// such limit; the wording follows its own).
+fn too_large(status: u16) -> ExecFailure {
+    ExecFailure::invalid(format!("OneBot returned a response larger than {MAX_BODY_BYTES} bytes (HTTP {status})"))
+}
+
+/// What an ordinary call's answer is, as Node's client judges it: any JSON
+/// object, whatever the HTTP status, is the result, passed on unchanged.
+fn answer(status: u16, mut body: Vec<u8>) -> Result<ToolReply, ExecFailure> {
+    // `res.text()`: invalid UTF-8 becomes U+FFFD, a leading BOM goes.
+    if std::str::from_utf8(&body).is_err() {
+        body = String::from_utf8_lossy(&body).into_owned().into_bytes();
+    }
+    if body.starts_with(b"\xef\xbb\xbf") {
+        body.drain(..3);
+    }
+    let non_json = || ExecFailure::invalid(format!("OneBot returned non-JSON (HTTP {status})"));
+    let unexpected = || ExecFailure::invalid(format!("OneBot returned an unexpected response (HTTP {status})"));
+    // V8 parses any depth; JSON.stringify of the result then overflows
+    // Node's stack. We cannot represent more than MAX_RESPONSE_DEPTH levels.
+    let too_deep = || ExecFailure::invalid(MAX_CALL_STACK);
     let Some(diag) = classify_body(&body) else {
-        let msg = if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() {
-            format!("SnowLuma returned an unexpected response (HTTP {status})")
-        } else {
-            format!("SnowLuma returned non-JSON (HTTP {status})")
-        };
-        return transport_failure(FailureKind::InvalidResponse, msg, req.write, true);
+        let text = std::str::from_utf8(&body).map_err(|_| non_json())?;
+        // `text ? JSON.parse(text) : null`: an empty body is null.
+        if text.is_empty() {
+            return Err(unexpected());
+        }
+        return Err(match json_syntax::check(text) {
+            Err(_) => non_json(),
+            Ok(shape) if !shape.top_is_object => unexpected(),
+            Ok(shape) if shape.depth > MAX_RESPONSE_DEPTH => too_deep(),
+            // An object serde_json refuses though V8 takes it (a number
+            // beyond f64, an unpaired surrogate escape).
+            Ok(_) => non_json(),
+        });
     };
     if nesting_depth(&body) > MAX_RESPONSE_DEPTH {
-        return transport_failure(
-            FailureKind::InvalidResponse,
-            format!("SnowLuma's response nests deeper than {MAX_RESPONSE_DEPTH} levels, which cannot be represented"),
-            req.write,
-            true,
-        );
+        return Err(too_deep());
     }
     // Valid JSON is valid UTF-8, so this never copies.
     let text = String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-    ToolReply { result: Some(JsonText(text)), diagnostics: diag, is_error: false }
+    Ok(ToolReply { result: Some(JsonText(text)), diagnostics: diag, is_error: false })
 }
 
 enum BodyError {
@@ -211,6 +270,31 @@ async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Node's judgement of an ordinary answer: any JSON object, whatever
+    /// the status, passes unchanged; everything else is worded as Node does.
+    #[test]
+    fn answers_are_judged_as_node_judges_them() {
+        let text = |r: Result<ToolReply, ExecFailure>| match r {
+            Ok(reply) => reply.result.map(|t| t.0).unwrap_or_default(),
+            Err(f) => f.detail,
+        };
+        let env = r#"{"status":"failed","retcode":1401,"data":null,"wording":"unauthorized"}"#;
+        assert_eq!(text(answer(401, env.into())), env);
+        assert_eq!(text(answer(200, b"\xef\xbb\xbf{\"a\":1}".to_vec())), r#"{"a":1}"#);
+        assert_eq!(text(answer(200, b"oops".to_vec())), "OneBot returned non-JSON (HTTP 200)");
+        assert_eq!(text(answer(500, b"  ".to_vec())), "OneBot returned non-JSON (HTTP 500)");
+        for body in ["", "null", "[1,2]", "3", "\"x\""] {
+            assert_eq!(text(answer(200, body.into())), "OneBot returned an unexpected response (HTTP 200)", "{body}");
+        }
+        let deep = format!(r#"{{"status":"ok","retcode":0,"data":{}{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(text(answer(200, deep.into_bytes())), "Maximum call stack size exceeded");
+        let deep_array = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
+        assert_eq!(text(answer(200, deep_array.into_bytes())), "OneBot returned an unexpected response (HTTP 200)");
+        // Invalid UTF-8 inside a string is replaced, as res.text() does.
+        let r = answer(200, b"{\"a\":\"\xff\"}".to_vec()).unwrap();
+        assert_eq!(r.result.unwrap().0, "{\"a\":\"\u{fffd}\"}");
+    }
 
     #[test]
     fn request_bodies_are_built_from_the_params_text() {

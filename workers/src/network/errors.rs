@@ -1,10 +1,12 @@
-//! How the executor reports a failed exchange: a read that failed simply
-//! failed, a write that may have reached SnowLuma has an unknown outcome;
-//! error texts never name the endpoint.
+//! How the executor reports a failed execution: in the Node server's words
+//! (`调用失败 ({action}): {detail}`, the detail being its HTTP client's
+//! message, `shared/reference/upstream/node-texts.tsv`), classified for our
+//! diagnostics: a read that failed simply failed, a write that may have
+//! reached SnowLuma has an unknown outcome. Error texts never name the
+//! endpoint.
 
-use snowluma_proto::{Diagnostics, FailureKind, Outcome, ToolReply};
-
-use super::MAX_BODY_BYTES;
+use snowluma_proto::texts::call_failed;
+use snowluma_proto::{Diagnostics, ExecRequest, FailureKind, Outcome, ToolReply};
 
 /// How a failed exchange is reported: a read that failed simply failed; a
 /// write whose request may have reached SnowLuma has an unknown outcome.
@@ -24,72 +26,100 @@ pub(crate) fn transport_failure(kind: FailureKind, msg: String, write: bool, may
     ToolReply::error(d)
 }
 
-pub(crate) fn reqwest_failure(e: &reqwest::Error, write: bool, stage: &str) -> ToolReply {
-    let detail = format!("{stage}: {}", strip_url(e));
-    if e.is_timeout() {
-        transport_failure(FailureKind::Timeout, format!("SnowLuma did not answer in time ({detail})"), write, true)
-    } else if e.is_connect() {
-        transport_failure(FailureKind::Transport, format!("cannot connect to SnowLuma ({detail})"), write, false)
-    } else {
-        transport_failure(FailureKind::Transport, format!("connection to SnowLuma failed ({detail})"), write, true)
-    }
+/// How an [`ExecFailure`] is classified in the diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// The exchange failed (see [`transport_failure`]).
+    Transport { kind: FailureKind, maybe_sent: bool },
+    /// SnowLuma reported the failure in a frame.
+    Refused { next_step: Option<&'static str> },
+    /// Refused here: a limit, the file, the executor itself.
+    Execution { next_step: Option<&'static str> },
 }
 
-pub(super) fn direct_failure(f: crate::http1::Failure, write: bool) -> ToolReply {
-    use crate::http1::Failure;
-    match f {
-        Failure::Connect(e) => transport_failure(
-            FailureKind::Transport,
-            format!("cannot connect to SnowLuma (request: {e})"),
-            write,
-            false,
-        ),
-        Failure::NotSent(e) => transport_failure(
-            FailureKind::Transport,
-            format!("connection to SnowLuma failed before the request was sent ({e})"),
-            write,
-            false,
-        ),
-        Failure::Exchange { stage, detail } => transport_failure(
-            FailureKind::Transport,
-            format!("connection to SnowLuma failed ({stage}: {detail})"),
-            write,
-            true,
-        ),
-        Failure::TooLarge => transport_failure(
-            FailureKind::InvalidResponse,
-            format!("SnowLuma's response exceeds {MAX_BODY_BYTES} bytes"),
-            write,
-            true,
-        ),
-    }
+/// A failure once an execution has started. `detail` is the Node client's
+/// message for it (`action get_msg request: fetch failed`, `terminated`, …);
+/// the tool error's text is [`call_failed`] of it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub(crate) struct ExecFailure {
+    pub(crate) detail: String,
+    pub(crate) report: Report,
 }
 
-fn strip_url(e: &reqwest::Error) -> String {
-    // reqwest's Display names the URL; the endpoint is not for the client.
-    let mut s = String::new();
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    let mut first = true;
-    while let Some(err) = cur {
-        let text = if first {
-            let mut t = err.to_string();
-            if let Some(i) = t.find(" for url (") {
-                t.truncate(i);
+impl ExecFailure {
+    pub(crate) fn transport(kind: FailureKind, maybe_sent: bool, detail: impl Into<String>) -> ExecFailure {
+        ExecFailure { detail: detail.into(), report: Report::Transport { kind, maybe_sent } }
+    }
+
+    /// SnowLuma's answer is not what the protocol allows.
+    pub(crate) fn invalid(detail: impl Into<String>) -> ExecFailure {
+        ExecFailure::transport(FailureKind::InvalidResponse, true, detail)
+    }
+
+    pub(crate) fn refused(detail: impl Into<String>, next_step: Option<&'static str>) -> ExecFailure {
+        ExecFailure { detail: detail.into(), report: Report::Refused { next_step } }
+    }
+
+    pub(crate) fn execution(detail: impl Into<String>) -> ExecFailure {
+        ExecFailure { detail: detail.into(), report: Report::Execution { next_step: None } }
+    }
+
+    /// The same failure, its detail rewritten (a stage prefix, a suffix).
+    pub(crate) fn map_detail(self, f: impl FnOnce(String) -> String) -> ExecFailure {
+        ExecFailure { detail: f(self.detail), report: self.report }
+    }
+
+    /// The tool error: Node's text, our classification.
+    pub(crate) fn reply(&self, req: &ExecRequest) -> ToolReply {
+        let msg = call_failed(&req.action, &self.detail);
+        match self.report {
+            Report::Transport { kind, maybe_sent } => transport_failure(kind, msg, req.write, maybe_sent),
+            Report::Refused { next_step } => {
+                let d = Diagnostics::failed(FailureKind::BusinessFailure, msg);
+                ToolReply::error(match next_step {
+                    Some(n) => d.with_next_step(n),
+                    None => d,
+                })
             }
-            t
-        } else {
-            err.to_string()
-        };
-        if !s.contains(&text) {
-            if !s.is_empty() {
-                s.push_str(": ");
+            Report::Execution { next_step } => {
+                let d = Diagnostics::failed(FailureKind::Execution, msg);
+                ToolReply::error(match next_step {
+                    Some(n) => d.with_next_step(n),
+                    None => d,
+                })
             }
-            s.push_str(&text);
         }
-        first = false;
-        cur = err.source();
     }
-    s
+}
+
+/// What Node's fetch says when a request fails before any answer (refused,
+/// reset, no route): undici words every such failure this way.
+pub(crate) const FETCH_FAILED: &str = "fetch failed";
+/// The message of `AbortSignal.timeout`'s abort (Node's ordinary calls).
+pub(crate) const ABORTED_BY_TIMEOUT: &str = "The operation was aborted due to timeout";
+/// What undici says when a response body breaks off (reset, closed early).
+pub(crate) const TERMINATED: &str = "terminated";
+
+/// V8's RangeError for data nested too deep to handle (Node's answer to a
+/// 100 000-deep response).
+pub(crate) const MAX_CALL_STACK: &str = "Maximum call stack size exceeded";
+
+/// An ordinary call's request that failed before the response head:
+/// `action {action} request: {fetch's message}`.
+pub(crate) fn request_failed(action: &str, kind: FailureKind, maybe_sent: bool, error: &str) -> ExecFailure {
+    ExecFailure::transport(kind, maybe_sent, format!("action {action} request: {error}"))
+}
+
+/// A `reqwest` failure before the response head of an ordinary call.
+pub(crate) fn reqwest_request_failure(action: &str, e: &reqwest::Error) -> ExecFailure {
+    // A connection that never opened sent nothing.
+    let maybe_sent = !e.is_connect();
+    if e.is_timeout() {
+        request_failed(action, FailureKind::Timeout, maybe_sent, ABORTED_BY_TIMEOUT)
+    } else {
+        request_failed(action, FailureKind::Transport, maybe_sent, FETCH_FAILED)
+    }
 }
 
 pub(crate) fn cancelled(write: bool) -> ToolReply {
@@ -104,4 +134,40 @@ pub(crate) fn cancelled(write: bool) -> ToolReply {
         next_step: None,
     };
     ToolReply::error(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(action: &str, write: bool) -> ExecRequest {
+        ExecRequest {
+            action: action.into(),
+            params: snowluma_proto::JsonText("{}".into()),
+            stream: false,
+            write,
+            trace: snowluma_proto::TraceContext { traceparent: String::new(), tracestate: None },
+            transfer: None,
+            progress: false,
+            file_action: None,
+        }
+    }
+
+    #[test]
+    fn the_text_is_nodes_and_the_diagnostics_ours() {
+        let f = request_failed("get_msg", FailureKind::Transport, false, FETCH_FAILED);
+        let r = f.reply(&req("get_msg", false));
+        assert!(r.is_error);
+        assert_eq!(r.diagnostics.message.as_deref(), Some("调用失败 (get_msg): action get_msg request: fetch failed"));
+        assert_eq!((r.diagnostics.outcome, r.diagnostics.kind), (Outcome::Failed, Some(FailureKind::Transport)));
+        // A write that may have been sent: unknown.
+        let r = ExecFailure::invalid("terminated").reply(&req("send_msg", true));
+        assert_eq!(r.diagnostics.outcome, Outcome::Unknown);
+        assert_eq!(r.diagnostics.message.as_deref(), Some("调用失败 (send_msg): terminated"));
+        let r = ExecFailure::refused("x", Some("n")).reply(&req("a", true));
+        assert_eq!(
+            (r.diagnostics.outcome, r.diagnostics.kind, r.diagnostics.next_step.as_deref()),
+            (Outcome::Failed, Some(FailureKind::BusinessFailure), Some("n"))
+        );
+    }
 }

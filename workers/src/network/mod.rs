@@ -17,6 +17,7 @@ mod envelope;
 mod errors;
 mod events;
 mod frames;
+mod json_syntax;
 mod streams;
 
 use std::os::fd::FromRawFd;
@@ -24,11 +25,14 @@ use std::sync::OnceLock;
 
 use snowluma_proto::{ExecRequest, Reply, Request, ToolReply, WorkerConfig, WorkerError};
 
-pub(crate) use client::{Net, request};
-pub(crate) use errors::{cancelled, reqwest_failure, transport_failure};
-pub(crate) use frames::frame_failure;
-pub use frames::{FrameSplitter, MAX_FRAME_BYTES};
-pub(crate) use streams::for_each_frame;
+pub(crate) use client::Net;
+pub(crate) use errors::{ExecFailure, Report, cancelled};
+#[cfg(test)]
+pub(crate) use frames::MAX_FRAME_BYTES;
+pub(crate) use frames::{frame_failure, js_string, safe_int};
+pub(crate) use streams::{Bounds, FrameReader, generic_exchange, open, stringify};
+#[cfg(test)]
+pub(crate) use streams::{FrameCursor, Pop};
 
 use crate::serve::{Ctx, RoleHandler};
 

@@ -2,26 +2,56 @@
 //! file, the fsync, and the reply.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Value, json};
-use snowluma_proto::{Diagnostics, ExecRequest, FailureKind, ToolReply};
+use snowluma_proto::{ExecRequest, ToolReply};
 
-use super::validate::{DownloadFault, DownloadValidator, Step};
-use super::{invalid, progress};
-use crate::network::{Net, for_each_frame, request, reqwest_failure, transport_failure};
+use super::validate::{DownloadFault, DownloadValidator, Found, Limits, Step};
+use super::{progress, uv_error};
+use crate::network::{Bounds, ExecFailure, FrameReader, Net, Report, open};
 use crate::serve::Ctx;
 
-/// The tool error for a refused download.
-fn refusal(req: &ExecRequest, fault: DownloadFault) -> ToolReply {
+const REFUSED: &str = "Check the file or file_id (see get_action download_file_stream).";
+const QUOTA: &str = "Move or delete earlier downloads from the download directory.";
+
+/// The failure for a refused download, worded and located as Node's.
+fn refusal(req: &ExecRequest, fault: &DownloadFault, at: Found) -> ExecFailure {
+    let detail = fault.located(&req.action, at);
     match fault {
-        DownloadFault::Refused(_) => ToolReply::error(
-            Diagnostics::failed(FailureKind::BusinessFailure, fault.to_string())
-                .with_next_step("Check the file or file_id (see get_action download_file_stream)."),
-        ),
-        DownloadFault::DeclaredTooLarge { .. } | DownloadFault::OverLimit(_) => {
-            ToolReply::error(Diagnostics::failed(FailureKind::Execution, fault.to_string()))
+        DownloadFault::TerminalError(_) => ExecFailure::refused(detail, Some(REFUSED)),
+        DownloadFault::FileSizeLimit(_) | DownloadFault::OverLimit(_) => ExecFailure::execution(detail),
+        DownloadFault::Quota { .. } => ExecFailure { detail, report: Report::Execution { next_step: Some(QUOTA) } },
+        _ => ExecFailure::invalid(detail),
+    }
+}
+
+/// This download's share of the quota among the running downloads
+/// ([`Net::downloads_reserved`]): its reservation until it announces a
+/// size, then that size.
+struct Share<'a> {
+    total: &'a AtomicU64,
+    bytes: u64,
+}
+
+impl<'a> Share<'a> {
+    /// Joins the running downloads; what the others held before.
+    fn join(total: &'a AtomicU64, bytes: u64) -> (Share<'a>, u64) {
+        let before = total.fetch_add(bytes, Ordering::Relaxed);
+        (Share { total, bytes }, before)
+    }
+
+    fn shrink_to(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            self.total.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+            self.bytes = bytes;
         }
-        _ => invalid(req, fault.to_string()),
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -29,50 +59,58 @@ pub(crate) async fn download(
     net: &Net,
     req: &ExecRequest,
     params: Value,
-    mut file: std::fs::File,
-    limit: u64,
+    file: std::fs::File,
+    room: u64,
     ctx: &Ctx,
 ) -> ToolReply {
-    let send = tokio::time::timeout(net.timeout, request(net, req, params).send()).await;
-    let mut resp = match send {
-        Err(_) => {
-            return transport_failure(
-                FailureKind::Timeout,
-                "SnowLuma did not start the download in time".into(),
-                req.write,
-                true,
-            );
-        }
-        Ok(Err(e)) => return reqwest_failure(&e, req.write, "download request"),
-        Ok(Ok(r)) => r,
-    };
-    if let Err(fault) = DownloadValidator::status(resp.status().as_u16()) {
-        return refusal(req, fault);
+    match run(net, req, &params, file, room, ctx).await {
+        Ok(reply) => reply,
+        Err(f) => f.reply(req),
     }
-    let mut validator = DownloadValidator::new(limit);
-    let mut frame = |raw: Vec<u8>| -> Result<(), ToolReply> {
-        match validator.frame(&raw).map_err(|f| refusal(req, f))? {
-            Step::Info { size } => progress(ctx, true, 0, (size > 0).then_some(size)),
+}
+
+async fn run(
+    net: &Net,
+    req: &ExecRequest,
+    params: &Value,
+    mut file: std::fs::File,
+    room: u64,
+    ctx: &Ctx,
+) -> Result<ToolReply, ExecFailure> {
+    let (mut share, reserved) = Share::join(&net.downloads_reserved, room);
+    let limits = Limits { max: net.max_stream_bytes, room, reserved };
+    let resp = open(net, req, params, Bounds::default()).await?;
+    let mut validator = DownloadValidator::new(limits);
+    let mut reader = FrameReader::new(net, &req.action, resp, Bounds::default());
+    while let Some(frame) = reader.next().await? {
+        let at = Found::Frame(frame.index);
+        match validator.frame(frame.index, &frame.value).map_err(|f| refusal(req, &f, at))? {
+            Step::Info { size } => {
+                if size > 0 {
+                    share.shrink_to(size);
+                }
+                progress(ctx, true, 0, (size > 0).then_some(size));
+            }
             Step::Chunk { data, received, declared } => {
                 file.write_all(&data).map_err(|e| {
-                    ToolReply::fail(FailureKind::Execution, format!("cannot write the download file: {e}"))
+                    let a = &req.action;
+                    let n = frame.index;
+                    ExecFailure::execution(format!(
+                        "action {a} stream frame {n}: frame handling failed: {}",
+                        uv_error(&e, "write")
+                    ))
                 })?;
                 progress(ctx, req.progress, received, (declared > 0).then_some(declared));
             }
             Step::Complete => {}
         }
-        Ok(())
-    };
-    if let Err(r) = for_each_frame(net, req, &mut resp, "download", &mut frame).await {
-        return r;
     }
-    let done = match validator.finish() {
-        Ok(d) => d,
-        Err(fault) => return refusal(req, fault),
-    };
-    if let Err(e) = file.sync_all() {
-        return ToolReply::fail(FailureKind::Execution, format!("cannot flush the download file: {e}"));
-    }
+    let count = reader.count();
+    let done = validator.finish(count).map_err(|f| refusal(req, &f, Found::Eof(count)))?;
+    file.sync_all().map_err(|e| {
+        let a = &req.action;
+        ExecFailure::execution(format!("action {a} stream body: {}", uv_error(&e, "fsync")))
+    })?;
     let result = json!({
         "file_name": done.file_name,
         "file_size": done.file_size,
@@ -80,5 +118,5 @@ pub(crate) async fn download(
         "frame_count": done.frame_count,
         "terminal": done.terminal,
     });
-    ToolReply::ok(&result)
+    Ok(ToolReply::ok(&result))
 }

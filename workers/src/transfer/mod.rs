@@ -17,27 +17,58 @@
 //! `file_path`). The file's size and mtime are re-checked after reading. Any
 //! failure after the first request, including cancellation, sends a
 //! best-effort `reset` with its own short timeout.
+//!
+//! Every failure is worded as the Node server's client words it.
 
 mod download;
 mod upload;
 pub mod validate;
 
-use snowluma_proto::{ExecRequest, FailureKind, Progress, ToolReply};
+use snowluma_proto::Progress;
 
 pub(crate) use download::download;
 pub(crate) use upload::upload;
 
-use crate::network::transport_failure;
 use crate::serve::Ctx;
 
 use snowluma_proto::bytes::hex;
 
-fn invalid(req: &ExecRequest, msg: impl Into<String>) -> ToolReply {
-    transport_failure(FailureKind::InvalidResponse, msg.into(), req.write, true)
-}
-
 fn progress(ctx: &Ctx, enabled: bool, done: u64, total: Option<u64>) {
     if enabled {
         ctx.progress(Progress { progress: done as f64, total: total.map(|t| t as f64), message: None });
+    }
+}
+
+/// A file error as Node's `fs` words it: `ENOSPC: no space left on device,
+/// write` (libuv's code and description, then the system call).
+fn uv_error(e: &std::io::Error, syscall: &str) -> String {
+    use nix::libc;
+    let named = match e.raw_os_error() {
+        Some(libc::ENOSPC) => Some(("ENOSPC", "no space left on device")),
+        Some(libc::EIO) => Some(("EIO", "i/o error")),
+        Some(libc::EBADF) => Some(("EBADF", "bad file descriptor")),
+        Some(libc::EDQUOT) => Some(("EDQUOT", "disk quota exceeded")),
+        Some(libc::EFBIG) => Some(("EFBIG", "file too large")),
+        Some(libc::EACCES) => Some(("EACCES", "permission denied")),
+        Some(libc::EPERM) => Some(("EPERM", "operation not permitted")),
+        Some(libc::EROFS) => Some(("EROFS", "read-only file system")),
+        Some(libc::EISDIR) => Some(("EISDIR", "illegal operation on a directory")),
+        Some(libc::EINTR) => Some(("EINTR", "interrupted system call")),
+        Some(libc::EAGAIN) => Some(("EAGAIN", "resource temporarily unavailable")),
+        Some(libc::EINVAL) => Some(("EINVAL", "invalid argument")),
+        _ => None,
+    };
+    match named {
+        Some((code, what)) => format!("{code}: {what}, {syscall}"),
+        None => format!("{e}, {syscall}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn file_errors_are_worded_as_nodes_fs() {
+        let e = std::io::Error::from_raw_os_error(nix::libc::ENOSPC);
+        assert_eq!(super::uv_error(&e, "write"), "ENOSPC: no space left on device, write");
     }
 }

@@ -1,5 +1,8 @@
 //! An automatic upload: the input file in `upload_file_stream` chunks, the
-//! completion SnowLuma must confirm, and a best-effort reset on failure.
+//! completion SnowLuma must confirm, and a best-effort reset on failure,
+//! each request an exchange of its own checked as a generic stream, every
+//! failure worded as Node's client words it: `action X stream {stage}:
+//! {detail}`, then `; remote reset failed: …` when the reset failed too.
 
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,10 +12,11 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use snowluma_proto::{Diagnostics, ExecRequest, FailureKind, ToolReply};
+use snowluma_proto::{ExecRequest, ToolReply};
+use tokio::time::Instant;
 
-use super::{hex, invalid, progress};
-use crate::network::{FrameSplitter, MAX_FRAME_BYTES, Net, frame_failure, request, reqwest_failure, transport_failure};
+use super::{hex, progress, uv_error};
+use crate::network::{Bounds, ExecFailure, Net, generic_exchange, js_string, stringify};
 use crate::serve::Ctx;
 
 /// Timeout of the best-effort reset after a failed upload.
@@ -26,34 +30,6 @@ fn uuid_like() -> String {
     format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
-/// One upload request: exactly one frame back.
-async fn post_single(net: &Net, req: &ExecRequest, params: Value, timeout: Duration) -> Result<Value, ToolReply> {
-    let send = async {
-        let resp = request(net, req, params).send().await.map_err(|e| reqwest_failure(&e, true, "upload request"))?;
-        if !resp.status().is_success() {
-            return Err(invalid(
-                req,
-                format!("SnowLuma answered an upload request with HTTP {}", resp.status().as_u16()),
-            ));
-        }
-        let body = resp.bytes().await.map_err(|e| reqwest_failure(&e, true, "reading an upload answer"))?;
-        let mut s = FrameSplitter::default();
-        let mut frames = s.push(&body, MAX_FRAME_BYTES).map_err(|m| invalid(req, m))?;
-        frames.extend(s.finish());
-        let first = frames.into_iter().next().ok_or_else(|| invalid(req, "an empty upload answer"))?;
-        serde_json::from_slice::<Value>(&first).map_err(|_| invalid(req, "an upload answer is not JSON"))
-    };
-    match tokio::time::timeout(timeout, send).await {
-        Ok(r) => r,
-        Err(_) => Err(transport_failure(
-            FailureKind::Timeout,
-            "SnowLuma did not answer an upload request in time".into(),
-            true,
-            true,
-        )),
-    }
-}
-
 fn with_fields(base: &Map<String, Value>, fields: Value) -> Value {
     let mut m = base.clone();
     if let Value::Object(f) = fields {
@@ -64,6 +40,12 @@ fn with_fields(base: &Map<String, Value>, fields: Value) -> Value {
 
 fn mtime(meta: &std::fs::Metadata) -> Option<SystemTime> {
     meta.modified().ok()
+}
+
+/// A failure at an upload stage, before the stage is named.
+struct Staged {
+    stage: String,
+    failure: ExecFailure,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -85,35 +67,52 @@ pub(crate) async fn upload(
     let contacted = AtomicBool::new(false);
     let inner = upload_inner(net, req, &base, &file, size, &filename, chunk_bytes.max(1), &stream_id, &contacted, ctx);
     let outcome = tokio::select! {
-        r = inner => r,
-        _ = ctx.cancel.cancelled() => Err(crate::network::cancelled(true)),
+        r = inner => r.map_err(Some),
+        _ = ctx.cancel.cancelled() => Err(None),
     };
-    match outcome {
-        Ok(reply) => reply,
-        Err(mut failure) if contacted.load(Ordering::Relaxed) => {
-            // Best effort, with its own short timeout, whatever went wrong.
-            let reset = post_single(net, req, json!({"stream_id": stream_id, "reset": true}), RESET_TIMEOUT).await;
-            let note = match reset {
-                Ok(frame)
-                    if frame_failure(&frame).is_some_and(|w| w.contains("reset"))
-                        || frame_failure(&frame).is_none() =>
-                {
-                    "the remote upload stream was reset".to_owned()
-                }
-                Ok(frame) => {
-                    format!("resetting the remote upload stream failed: {}", frame_failure(&frame).unwrap_or_default())
-                }
-                Err(r) => {
-                    format!("resetting the remote upload stream failed: {}", r.diagnostics.message.unwrap_or_default())
-                }
-            };
-            if let Some(m) = failure.diagnostics.message.as_mut() {
-                m.push_str(&format!(" ({note})"));
-            }
-            failure
-        }
+    let reply = match outcome {
+        Ok(reply) => return reply,
         Err(failure) => failure,
+    };
+    // Best effort, with its own short timeout, whatever went wrong.
+    let reset_failure = if contacted.load(Ordering::Relaxed) {
+        let reset = json!({"stream_id": stream_id, "reset": true});
+        let bounds = Bounds { finish_by: None, abort_at: Some(Instant::now() + RESET_TIMEOUT) };
+        match generic_exchange(net, req, &reset, bounds, |_| {}).await {
+            Ok(_) => String::new(),
+            Err(f) => format!("; remote reset failed: {}", f.detail),
+        }
+    } else {
+        String::new()
+    };
+    match reply {
+        Some(Staged { stage, failure }) => {
+            let a = &req.action;
+            failure.map_detail(|d| format!("action {a} stream {stage}: {d}{reset_failure}")).reply(req)
+        }
+        None => {
+            let mut r = crate::network::cancelled(true);
+            if let Some(m) = r.diagnostics.message.as_mut() {
+                m.push_str(&reset_failure);
+            }
+            r
+        }
     }
+}
+
+/// Read exactly `buf.len()` bytes at `offset`, or as many as there are:
+/// how many were read.
+fn read_full_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -128,21 +127,34 @@ async fn upload_inner(
     stream_id: &str,
     contacted: &AtomicBool,
     ctx: &Ctx,
-) -> Result<ToolReply, ToolReply> {
-    let fail = |m: String| ToolReply::fail(FailureKind::Execution, m);
-    let before = file.metadata().map_err(|e| fail(format!("cannot stat the input file: {e}")))?;
+) -> Result<ToolReply, Staged> {
+    let at = |stage: &str| {
+        let stage = stage.to_owned();
+        move |failure: ExecFailure| Staged { stage, failure }
+    };
+    let fail = |m: String| ExecFailure::execution(m);
+    let before = file.metadata().map_err(|e| at("open input")(fail(uv_error(&e, "fstat"))))?;
     if before.len() != size {
-        return Err(fail("the input file changed before the upload started".into()));
+        return Err(at("open input")(fail("input_file changed before the upload started".into())));
     }
     let total_chunks = size.div_ceil(chunk_bytes).max(1);
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; usize::try_from(chunk_bytes.min(size.max(1))).unwrap_or(512 * 1024)];
-    let mut sent = 0u64;
+    let mut read = 0u64;
     for index in 0..total_chunks {
-        let len = usize::try_from((size - sent).min(chunk_bytes)).map_err(|_| fail("chunk too large".into()))?;
-        let chunk = &mut buf[..len];
-        file.read_exact_at(chunk, sent).map_err(|e| fail(format!("cannot read the input file: {e}")))?;
+        let stage = format!("read chunk {index}");
+        let wanted = usize::try_from((size - read.min(size)).min(chunk_bytes))
+            .map_err(|_| at(&stage)(fail("chunk too large".into())))?;
+        let chunk = &mut buf[..wanted];
+        let filled = read_full_at(file, chunk, read).map_err(|e| at(&stage)(fail(uv_error(&e, "read"))))?;
+        if filled != wanted {
+            return Err(at(&stage)(fail(format!(
+                "input_file changed while reading (expected {wanted} bytes, read {filled})"
+            ))));
+        }
         hasher.update(&*chunk);
+        read += filled as u64;
+        let stage = format!("send chunk {index}");
         let body = with_fields(
             base,
             json!({
@@ -155,24 +167,28 @@ async fn upload_inner(
             }),
         );
         contacted.store(true, Ordering::Relaxed);
-        let frame = post_single(net, req, body, net.timeout).await?;
-        if let Some(why) = frame_failure(&frame) {
-            return Err(ToolReply::error(Diagnostics::failed(
-                FailureKind::BusinessFailure,
-                format!("SnowLuma refused chunk {index}: {why}"),
-            )));
+        let ack = generic_exchange(net, req, &body, Bounds::generic(net), |_| {}).await.map_err(at(&stage))?;
+        let terminal = ack.terminal();
+        let data = terminal.get("data").filter(|d| d.is_object());
+        let field = |k: &str| data.and_then(|d| d.get(k)).and_then(Value::as_str);
+        if field("type") != Some("stream") || field("status") != Some("chunk_received") {
+            return Err(at(&stage)(ExecFailure::invalid(format!(
+                "unexpected chunk acknowledgement: {}",
+                stringify(terminal)
+            ))));
         }
-        if frame.pointer("/data/status").and_then(Value::as_str) != Some("chunk_received") {
-            return Err(invalid(req, format!("chunk {index} was not acknowledged")));
-        }
-        sent += len as u64;
-        progress(ctx, req.progress, sent, (size > 0).then_some(size));
+        progress(ctx, req.progress, read, (size > 0).then_some(size));
     }
-    let after = file.metadata().map_err(|e| fail(format!("cannot stat the input file: {e}")))?;
+    let stage = "verify input";
+    let after = file.metadata().map_err(|e| at(stage)(fail(uv_error(&e, "fstat"))))?;
     if after.len() != before.len() || mtime(&after) != mtime(&before) {
-        return Err(fail("the input file changed while it was being uploaded".into()));
+        return Err(at(stage)(fail("input_file changed during upload".into())));
+    }
+    if read != size {
+        return Err(at(stage)(fail(format!("input_file size mismatch (expected {size}, read {read})"))));
     }
     let sha = hex(&hasher.finalize());
+    let stage = "complete upload";
     let body = with_fields(
         base,
         json!({
@@ -184,19 +200,30 @@ async fn upload_inner(
             "filename": filename,
         }),
     );
-    let terminal = post_single(net, req, body, net.timeout).await?;
-    if let Some(why) = frame_failure(&terminal) {
-        return Err(ToolReply::error(Diagnostics::failed(
-            FailureKind::BusinessFailure,
-            format!("SnowLuma refused to complete the upload: {why}"),
+    let completed = generic_exchange(net, req, &body, Bounds::generic(net), |_| {}).await.map_err(at(stage))?;
+    let terminal = completed.terminal().clone();
+    let data = terminal.get("data").filter(|d| d.is_object());
+    let field = |k: &str| data.and_then(|d| d.get(k));
+    let unconfirmed = |m: String| at(stage)(ExecFailure::invalid(m));
+    if field("type").and_then(Value::as_str) != Some("response")
+        || field("status").and_then(Value::as_str) != Some("file_complete")
+    {
+        return Err(unconfirmed(format!("unexpected completion acknowledgement: {}", stringify(&terminal))));
+    }
+    if field("file_size").and_then(Value::as_f64) != Some(size as f64) {
+        return Err(unconfirmed(format!(
+            "remote file_size mismatch (expected {size}, got {})",
+            js_string(field("file_size"))
         )));
     }
-    let data = terminal.get("data").cloned().unwrap_or(Value::Null);
-    let confirmed = data.get("status").and_then(Value::as_str) == Some("file_complete")
-        && data.get("file_size").and_then(Value::as_u64) == Some(size)
-        && data.get("sha256").and_then(Value::as_str).map(str::to_ascii_lowercase) == Some(sha.clone());
-    let Some(file_path) = data.get("file_path").and_then(Value::as_str).filter(|_| confirmed) else {
-        return Err(invalid(req, "SnowLuma did not confirm the completed file (status, size, sha256 and file_path)"));
+    if field("sha256").and_then(Value::as_str) != Some(sha.as_str()) {
+        return Err(unconfirmed(format!(
+            "remote sha256 mismatch (expected {sha}, got {})",
+            js_string(field("sha256"))
+        )));
+    }
+    let Some(file_path) = field("file_path").and_then(Value::as_str).filter(|p| !p.is_empty()) else {
+        return Err(unconfirmed("completion acknowledgement has no file_path".into()));
     };
     Ok(ToolReply::ok(&json!({
         "file_path": file_path,

@@ -1,70 +1,122 @@
 //! The download frame validator: a pure state machine over SnowLuma's
-//! `download_file_*_stream` frames. It does no I/O: the caller feeds it the
-//! HTTP status and each frame ([`crate::network::FrameSplitter`] splits the
-//! body), writes the chunk bytes it hands back, and reports its faults.
+//! `download_file_*_stream` frames, checking them in the order, and wording
+//! each refusal as, the Node server's client does. It does no I/O: the
+//! caller feeds it each numbered frame (the executor's frame reader splits
+//! and parses the body), writes the chunk bytes it hands back, and reports
+//! its faults.
 //!
-//! The first frame must be `file_info`; every `file_chunk` must carry the
-//! next index and canonical base64 whose decoded length matches `size`;
-//! running totals stay within the declared size and the limit; the terminal
-//! `file_complete` must match the bytes and chunks received, and nothing may
-//! follow it. The SHA-256 is computed over the chunks as they are accepted.
+//! Frame 0 must be `file_info` (a safe non-negative `file_size` within the
+//! per-file limit and the download quota, a positive `chunk_size` if any);
+//! every `file_chunk` must carry the next index and canonical base64 whose
+//! decoded length matches `size`; running totals stay within the declared
+//! size and the limit; nothing may follow the `file_complete` terminal,
+//! whose totals are checked once the body has ended. The SHA-256 is computed
+//! over the chunks as they are accepted.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::network::frame_failure;
+use crate::network::{frame_failure, js_string, safe_int};
 
 /// Most file chunks a download may have (as SnowLuma's own limit).
 pub const MAX_FILE_CHUNKS: u64 = 200_000;
 
-/// Why a download is refused. The texts are the tool error's message.
+/// What a download may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `SNOWLUMA_MCP_MAX_STREAM_BYTES`: the largest file.
+    pub max: u64,
+    /// What the supervisor reserved for this download: what was left of the
+    /// quota (twice `max`), at most `max`.
+    pub room: u64,
+    /// Held by the other downloads running when this one started.
+    pub reserved: u64,
+}
+
+#[cfg(test)]
+impl Limits {
+    /// A download alone, with the whole per-file limit.
+    pub fn alone(max: u64) -> Limits {
+        Limits { max, room: max, reserved: 0 }
+    }
+}
+
+/// Why a download is refused: Node's words after `action X stream frame N: `
+/// (or `… EOF after frame N: `).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DownloadFault {
-    #[error("SnowLuma answered the download with HTTP {0}")]
-    HttpStatus(u16),
-    #[error("a download frame is not JSON")]
-    NotJson,
-    #[error("SnowLuma sent a frame after file_complete")]
-    AfterComplete,
     /// SnowLuma reported a failure (its wording, or the retcode).
-    #[error("download failed: {0}")]
-    Refused(String),
-    #[error("the first download frame is not file_info")]
+    #[error("terminal error: {0}")]
+    TerminalError(String),
+    #[error("first successful frame must be file_info")]
     FirstNotInfo,
-    #[error("a second file_info frame")]
-    SecondInfo,
+    #[error("file_info must be the first and only header")]
+    InfoNotFirst,
+    #[error("invalid file_size")]
+    InvalidFileSize,
+    #[error("file_size exceeds limit ({0} bytes)")]
+    FileSizeLimit(u64),
+    #[error("invalid chunk_size")]
+    InvalidChunkSize,
+    #[error("declared file chunks exceed limit ({0})")]
+    DeclaredChunksLimit(u64),
     #[error(
-        "the file's declared size ({size} bytes) exceeds the allowed {limit} bytes (per-file limit or download quota)"
+        "frame handling failed: download directory quota {quota} bytes exceeded: existing={existing}, reserved={reserved}, requested reserve={requested}"
     )]
-    DeclaredTooLarge { size: u64, limit: u64 },
-    #[error("the download would need more than {0} chunks")]
-    TooManyChunksDeclared(u64),
-    #[error("chunk index out of order (expected {0})")]
-    ChunkOutOfOrder(u64),
-    #[error("a chunk without data")]
-    ChunkWithoutData,
-    #[error("a chunk is not canonical base64")]
+    Quota { quota: u64, existing: u64, reserved: u64, requested: u64 },
+    #[error("frame received after terminal")]
+    AfterTerminal,
+    #[error("file chunks exceed limit ({0})")]
+    ChunksLimit(u64),
+    #[error("file_chunk.data must be base64 text")]
+    ChunkNotText,
+    #[error("expected chunk index {expected}, got {got}")]
+    ChunkIndex { expected: u64, got: String },
+    #[error("file_chunk.data is not valid canonical base64")]
     NotBase64,
-    #[error("a chunk's size does not match its data")]
-    ChunkSizeMismatch,
-    #[error("the download exceeds the allowed {0} bytes")]
+    #[error("file_chunk.size does not match decoded base64 bytes")]
+    ChunkSize,
+    #[error("downloaded bytes exceed declared file_size ({0} bytes)")]
+    OverDeclared(u64),
+    #[error("downloaded bytes exceed limit ({0} bytes)")]
     OverLimit(u64),
-    #[error("SnowLuma sent more bytes than the declared file size")]
-    OverDeclared,
-    #[error("more than {0} chunks")]
-    TooManyChunks(u64),
-    #[error("file_complete does not match the bytes received")]
-    CompleteBytes,
-    #[error("file_complete does not match the chunks received")]
-    CompleteChunks,
-    #[error("the file is shorter than its declared size")]
-    Short,
-    #[error("unexpected download frame {0:?}")]
-    Unexpected(String),
-    #[error("the download ended before file_complete")]
-    Unfinished,
+    #[error("unexpected file frame {0}")]
+    UnexpectedFileFrame(String),
+    // At the end of the body.
+    #[error("no frames received")]
+    NoFrames,
+    #[error("missing file_complete terminal")]
+    NoComplete,
+    #[error("expected {declared} bytes, received {received}")]
+    Size { declared: u64, received: u64 },
+    #[error("terminal total_bytes is missing or invalid")]
+    TotalBytesInvalid,
+    #[error("terminal total_bytes mismatch")]
+    TotalBytes,
+    #[error("terminal total_chunks mismatch")]
+    TotalChunks,
+}
+
+/// Where a fault was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// In this frame (0-based over all frames).
+    Frame(u64),
+    /// At the end of the body, after this many frames.
+    Eof(u64),
+}
+
+impl DownloadFault {
+    /// Node's whole message: `action {action} stream frame N: …`.
+    pub fn located(&self, action: &str, at: Found) -> String {
+        match (self, at) {
+            (DownloadFault::NoFrames, _) => format!("action {action} stream EOF: no frames received"),
+            (_, Found::Frame(n)) => format!("action {action} stream frame {n}: {self}"),
+            (_, Found::Eof(n)) => format!("action {action} stream EOF after frame {n}: {self}"),
+        }
+    }
 }
 
 /// What an accepted frame asks of the caller.
@@ -82,6 +134,7 @@ pub enum Step {
 /// A whole, validated download.
 #[derive(Debug, PartialEq)]
 pub struct Downloaded {
+    /// `file_info`'s `file_name` (`download.bin` when it has none).
     pub file_name: String,
     pub file_size: u64,
     /// Lower-case hex SHA-256 of the bytes.
@@ -94,124 +147,173 @@ pub struct Downloaded {
 
 #[derive(Debug)]
 pub struct DownloadValidator {
-    /// Most bytes the file may have (per-file cap or what is left of the quota).
-    limit: u64,
+    limits: Limits,
     max_chunks: u64,
-    /// The file's name and declared size, once `file_info` arrived.
-    info: Option<(String, u64)>,
+    /// The file's name once `file_info` arrived.
+    file_name: Option<String>,
+    /// The declared size, when positive (0 means unknown).
+    declared: Option<u64>,
     chunks: u64,
     bytes: u64,
     hasher: Sha256,
     terminal: Option<Value>,
 }
 
+fn data_type(data: Option<&Value>) -> Option<&Value> {
+    data.and_then(|d| d.get("data_type"))
+}
+
 impl DownloadValidator {
-    pub fn new(limit: u64) -> DownloadValidator {
-        DownloadValidator::with_max_chunks(limit, MAX_FILE_CHUNKS)
+    pub fn new(limits: Limits) -> DownloadValidator {
+        DownloadValidator::with_max_chunks(limits, MAX_FILE_CHUNKS)
     }
 
-    fn with_max_chunks(limit: u64, max_chunks: u64) -> DownloadValidator {
-        DownloadValidator { limit, max_chunks, info: None, chunks: 0, bytes: 0, hasher: Sha256::new(), terminal: None }
+    fn with_max_chunks(limits: Limits, max_chunks: u64) -> DownloadValidator {
+        DownloadValidator {
+            limits,
+            max_chunks,
+            file_name: None,
+            declared: None,
+            chunks: 0,
+            bytes: 0,
+            hasher: Sha256::new(),
+            terminal: None,
+        }
     }
 
-    /// The response's HTTP status, before any frame.
-    pub fn status(status: u16) -> Result<(), DownloadFault> {
-        if (200..300).contains(&status) { Ok(()) } else { Err(DownloadFault::HttpStatus(status)) }
-    }
-
-    /// One frame of the body. After a fault the download is over: the
+    /// Frame `index` of the body. After a fault the download is over: the
     /// validator must not be fed again.
-    pub fn frame(&mut self, raw: &[u8]) -> Result<Step, DownloadFault> {
-        let f: Value = serde_json::from_slice(raw).map_err(|_| DownloadFault::NotJson)?;
-        if self.terminal.is_some() {
-            return Err(DownloadFault::AfterComplete);
+    pub fn frame(&mut self, index: u64, f: &Value) -> Result<Step, DownloadFault> {
+        if let Some(why) = frame_failure(f) {
+            return Err(DownloadFault::TerminalError(why));
         }
-        if let Some(why) = frame_failure(&f) {
-            return Err(DownloadFault::Refused(why));
-        }
-        let data = f.get("data").cloned().unwrap_or(Value::Null);
-        let kind = data.get("data_type").and_then(Value::as_str).unwrap_or("");
-        if self.info.is_none() && kind != "file_info" {
+        let data = f.get("data").filter(|d| d.is_object());
+        let kind = data_type(data).and_then(Value::as_str);
+        if index == 0 && kind != Some("file_info") {
             return Err(DownloadFault::FirstNotInfo);
         }
-        match kind {
-            "file_info" => {
-                if self.info.is_some() {
-                    return Err(DownloadFault::SecondInfo);
-                }
-                let size = data.get("file_size").and_then(Value::as_u64).unwrap_or(0);
-                let chunk = data.get("chunk_size").and_then(Value::as_u64).unwrap_or(0);
-                if size > self.limit {
-                    return Err(DownloadFault::DeclaredTooLarge { size, limit: self.limit });
-                }
-                if size > 0 && chunk > 0 && size.div_ceil(chunk) > self.max_chunks {
-                    return Err(DownloadFault::TooManyChunksDeclared(self.max_chunks));
-                }
-                let name = data.get("file_name").and_then(Value::as_str).unwrap_or("download").to_owned();
-                self.info = Some((name, size));
-                Ok(Step::Info { size })
-            }
-            "file_chunk" => {
-                let declared = self.declared();
-                if data.get("index").and_then(Value::as_u64) != Some(self.chunks) {
-                    return Err(DownloadFault::ChunkOutOfOrder(self.chunks));
-                }
-                let text = data.get("data").and_then(Value::as_str).ok_or(DownloadFault::ChunkWithoutData)?;
-                let bytes = STANDARD.decode(text).map_err(|_| DownloadFault::NotBase64)?;
-                if let Some(size) = data.get("size").and_then(Value::as_u64)
-                    && size != bytes.len() as u64
-                {
-                    return Err(DownloadFault::ChunkSizeMismatch);
-                }
-                let total = self.bytes + bytes.len() as u64;
-                if total > self.limit {
-                    return Err(DownloadFault::OverLimit(self.limit));
-                }
-                if declared > 0 && total > declared {
-                    return Err(DownloadFault::OverDeclared);
-                }
-                if self.chunks + 1 > self.max_chunks {
-                    return Err(DownloadFault::TooManyChunks(self.max_chunks));
-                }
-                self.hasher.update(&bytes);
-                self.bytes = total;
-                self.chunks += 1;
-                Ok(Step::Chunk { data: bytes, received: total, declared })
-            }
-            "file_complete" => {
-                let declared = self.declared();
-                if data.get("total_bytes").and_then(Value::as_u64) != Some(self.bytes) {
-                    return Err(DownloadFault::CompleteBytes);
-                }
-                if let Some(n) = data.get("total_chunks").and_then(Value::as_u64)
-                    && n != self.chunks
-                {
-                    return Err(DownloadFault::CompleteChunks);
-                }
-                if declared > 0 && self.bytes != declared {
-                    return Err(DownloadFault::Short);
-                }
-                self.terminal = Some(f);
+        if kind == Some("file_info") {
+            return self.info(index, data);
+        }
+        if self.file_name.is_none() {
+            // Unreachable: frame 0 is file_info or refused.
+            return Err(DownloadFault::FirstNotInfo);
+        }
+        if self.terminal.is_some() {
+            return Err(DownloadFault::AfterTerminal);
+        }
+        match (kind, data.and_then(|d| d.get("type")).and_then(Value::as_str)) {
+            (Some("file_chunk"), _) => self.chunk(data),
+            (Some("file_complete"), Some("response")) => {
+                self.terminal = Some(f.clone());
                 Ok(Step::Complete)
             }
-            other => Err(DownloadFault::Unexpected(other.to_owned())),
+            _ => {
+                // `String(dataType ?? data?.type ?? 'unknown')`
+                let named =
+                    [data_type(data), data.and_then(|d| d.get("type"))].into_iter().flatten().find(|v| !v.is_null());
+                Err(DownloadFault::UnexpectedFileFrame(match named {
+                    Some(v) => js_string(Some(v)),
+                    None => "unknown".to_owned(),
+                }))
+            }
         }
     }
 
-    fn declared(&self) -> u64 {
-        self.info.as_ref().map(|i| i.1).unwrap_or(0)
+    fn info(&mut self, index: u64, data: Option<&Value>) -> Result<Step, DownloadFault> {
+        if index != 0 || self.file_name.is_some() {
+            return Err(DownloadFault::InfoNotFirst);
+        }
+        let field = |k: &str| data.and_then(|d| d.get(k));
+        let size =
+            safe_int(field("file_size")).and_then(|s| u64::try_from(s).ok()).ok_or(DownloadFault::InvalidFileSize)?;
+        let Limits { max, room, reserved } = self.limits;
+        if size > max {
+            return Err(DownloadFault::FileSizeLimit(max));
+        }
+        if let Some(chunk) = field("chunk_size") {
+            let chunk = safe_int(Some(chunk))
+                .and_then(|c| u64::try_from(c).ok())
+                .filter(|c| *c > 0)
+                .ok_or(DownloadFault::InvalidChunkSize)?;
+            if size.div_ceil(chunk) > self.max_chunks {
+                return Err(DownloadFault::DeclaredChunksLimit(self.max_chunks));
+            }
+        }
+        // A size of 0 is unknown: the whole per-file limit is reserved.
+        let declared = (size > 0).then_some(size);
+        let requested = declared.unwrap_or(max);
+        if requested > room {
+            let quota = max.saturating_mul(2);
+            let existing = quota.saturating_sub(room).saturating_sub(reserved);
+            return Err(DownloadFault::Quota { quota, existing, reserved, requested });
+        }
+        self.declared = declared;
+        self.file_name = Some(field("file_name").and_then(Value::as_str).unwrap_or("download.bin").to_owned());
+        Ok(Step::Info { size })
     }
 
-    /// The body has ended: the download, if it is whole.
-    pub fn finish(self) -> Result<Downloaded, DownloadFault> {
-        let (Some(terminal), Some((file_name, _))) = (self.terminal, self.info) else {
-            return Err(DownloadFault::Unfinished);
+    fn chunk(&mut self, data: Option<&Value>) -> Result<Step, DownloadFault> {
+        let field = |k: &str| data.and_then(|d| d.get(k));
+        if self.chunks >= self.max_chunks {
+            return Err(DownloadFault::ChunksLimit(self.max_chunks));
+        }
+        let text = field("data").and_then(Value::as_str).ok_or(DownloadFault::ChunkNotText)?;
+        let index = field("index");
+        if safe_int(index).and_then(|i| u64::try_from(i).ok()) != Some(self.chunks) {
+            return Err(DownloadFault::ChunkIndex { expected: self.chunks, got: js_string(index) });
+        }
+        let bytes = STANDARD.decode(text).map_err(|_| DownloadFault::NotBase64)?;
+        if let Some(size) = field("size")
+            && safe_int(Some(size)).and_then(|s| u64::try_from(s).ok()) != Some(bytes.len() as u64)
+        {
+            return Err(DownloadFault::ChunkSize);
+        }
+        let total = self.bytes + bytes.len() as u64;
+        if let Some(declared) = self.declared
+            && total > declared
+        {
+            return Err(DownloadFault::OverDeclared(declared));
+        }
+        if total > self.limits.max {
+            return Err(DownloadFault::OverLimit(self.limits.max));
+        }
+        self.hasher.update(&bytes);
+        self.bytes = total;
+        self.chunks += 1;
+        Ok(Step::Chunk { data: bytes, received: total, declared: self.declared.unwrap_or(0) })
+    }
+
+    /// The body has ended after `count` frames: the download, if it is whole.
+    pub fn finish(self, count: u64) -> Result<Downloaded, DownloadFault> {
+        let Some(file_name) = self.file_name else {
+            return Err(DownloadFault::NoFrames);
         };
+        let Some(terminal) = self.terminal else {
+            return Err(DownloadFault::NoComplete);
+        };
+        if let Some(declared) = self.declared
+            && declared != self.bytes
+        {
+            return Err(DownloadFault::Size { declared, received: self.bytes });
+        }
+        let data = terminal.get("data");
+        let total = safe_int(data.and_then(|d| d.get("total_bytes")))
+            .and_then(|t| u64::try_from(t).ok())
+            .ok_or(DownloadFault::TotalBytesInvalid)?;
+        if total != self.bytes {
+            return Err(DownloadFault::TotalBytes);
+        }
+        if let Some(n) = data.and_then(|d| d.get("total_chunks"))
+            && n.as_f64() != Some(self.chunks as f64)
+        {
+            return Err(DownloadFault::TotalChunks);
+        }
         Ok(Downloaded {
             file_name,
             file_size: self.bytes,
             sha256: super::hex(&self.hasher.finalize()),
-            frame_count: self.chunks + 2,
+            frame_count: count,
             terminal,
         })
     }
@@ -221,54 +323,57 @@ impl DownloadValidator {
 mod tests {
     //! Every fault the fake SnowLuma can inject (`snowluma_fake::Fault`), as
     //! the validator sees it: the bytes of the body, cut as the fault cuts
-    //! them, through the same frame splitter as the executor's reader.
+    //! them, through the same frame cursor as the executor's reader, ending
+    //! in Node's own words.
 
     use serde_json::json;
 
     use super::*;
-    use crate::network::{FrameSplitter, MAX_FRAME_BYTES};
+    use crate::network::{FrameCursor, MAX_FRAME_BYTES, Pop};
 
-    /// What reading a body ends in: the download, a fault, or a frame too
-    /// large for the splitter.
+    const A: &str = "download_file_stream";
+
+    /// What reading a body ends in: the download, or Node's message.
     #[derive(Debug, PartialEq)]
     enum End {
         Whole(Box<Downloaded>),
-        Fault(DownloadFault),
-        Oversize(String),
+        Failed(String),
     }
 
     /// Feed `pieces` (the body as the reads return it) as the executor's
-    /// frame reader does, collecting the steps and the written bytes.
-    fn run_with(v: &mut DownloadValidator, pieces: &[&[u8]]) -> Result<(Vec<Step>, Vec<u8>), End> {
+    /// frame reader does, collecting the steps and the written bytes; the
+    /// frame count at the end.
+    fn run_with(v: &mut DownloadValidator, pieces: &[&[u8]]) -> Result<(Vec<Step>, Vec<u8>, u64), String> {
         let mut steps = Vec::new();
         let mut written = Vec::new();
-        let mut handle = |raw: Vec<u8>, steps: &mut Vec<Step>| -> Result<(), End> {
-            let step = v.frame(&raw).map_err(End::Fault)?;
-            if let Step::Chunk { data, .. } = &step {
-                written.extend_from_slice(data);
-            }
-            steps.push(step);
-            Ok(())
-        };
-        let mut splitter = FrameSplitter::default();
-        for piece in pieces {
-            for raw in splitter.push(piece, MAX_FRAME_BYTES).map_err(End::Oversize)? {
-                handle(raw, &mut steps)?;
+        let mut cursor = FrameCursor::new(A);
+        let mut pieces = pieces.iter();
+        loop {
+            match cursor.pop().map_err(|f| f.detail)? {
+                Pop::Frame(frame) => {
+                    let step =
+                        v.frame(frame.index, &frame.value).map_err(|f| f.located(A, Found::Frame(frame.index)))?;
+                    if let Step::Chunk { data, .. } = &step {
+                        written.extend_from_slice(data);
+                    }
+                    steps.push(step);
+                }
+                Pop::NeedMore => match pieces.next() {
+                    Some(p) => cursor.feed(p),
+                    None => cursor.end(),
+                },
+                Pop::End => return Ok((steps, written, cursor.count())),
             }
         }
-        if let Some(rest) = splitter.finish() {
-            handle(rest, &mut steps)?;
-        }
-        Ok((steps, written))
     }
 
-    fn run(limit: u64, pieces: &[&[u8]]) -> End {
-        let mut v = DownloadValidator::new(limit);
+    fn run(limits: Limits, pieces: &[&[u8]]) -> End {
+        let mut v = DownloadValidator::new(limits);
         match run_with(&mut v, pieces) {
-            Err(end) => end,
-            Ok(_) => match v.finish() {
+            Err(m) => End::Failed(m),
+            Ok((_, _, count)) => match v.finish(count) {
                 Ok(d) => End::Whole(Box::new(d)),
-                Err(f) => End::Fault(f),
+                Err(f) => End::Failed(f.located(A, Found::Eof(count))),
             },
         }
     }
@@ -319,11 +424,15 @@ mod tests {
         super::super::hex(&Sha256::digest(bytes))
     }
 
-    fn fault(limit: u64, frames: &[Value]) -> DownloadFault {
-        match run(limit, &[&body(frames)]) {
-            End::Fault(f) => f,
-            other => panic!("expected a fault, got {other:?}"),
+    fn failed(limits: Limits, pieces: &[&[u8]]) -> String {
+        match run(limits, pieces) {
+            End::Failed(m) => m,
+            other => panic!("expected a failure, got {other:?}"),
         }
+    }
+
+    fn fault(max: u64, frames: &[Value]) -> String {
+        failed(Limits::alone(max), &[&body(frames)])
     }
 
     /// No fault (and `Delay`, `CloseAfterResponse`: the same bytes, later or
@@ -333,48 +442,54 @@ mod tests {
     fn a_whole_download_and_the_timing_faults() {
         let data = file();
         let frames = download_of(&data, 1024);
-        let mut v = DownloadValidator::new(1 << 20);
-        let (steps, written) = run_with(&mut v, &[&body(&frames)]).unwrap();
+        let mut v = DownloadValidator::new(Limits::alone(1 << 20));
+        let (steps, written, count) = run_with(&mut v, &[&body(&frames)]).unwrap();
         assert_eq!(written, data);
         assert_eq!(steps[0], Step::Info { size: 5000 });
         assert!(matches!(steps[1], Step::Chunk { received: 1024, declared: 5000, .. }));
         assert!(matches!(steps[5], Step::Chunk { received: 5000, declared: 5000, .. }));
         assert_eq!(steps[6], Step::Complete);
-        let d = v.finish().unwrap();
+        let d = v.finish(count).unwrap();
         assert_eq!((d.file_name.as_str(), d.file_size, d.frame_count), ("x.bin", 5000, 7));
         assert_eq!(d.sha256, sha(&data));
         assert_eq!(d.terminal, frames[6]);
         // An empty file: info and complete only.
-        let End::Whole(d) = run(10, &[&body(&[info(0, 1024), complete(0, 0)])]) else { panic!() };
+        let End::Whole(d) = run(Limits::alone(10), &[&body(&[info(0, 1024), complete(0, 0)])]) else { panic!() };
         assert_eq!((d.file_size, d.frame_count), (0, 2));
     }
 
     /// `StreamSplit(n)` and `Trickle` (one byte per write): wherever the body
     /// is cut, the result is the same; a final frame without its separator
-    /// still counts.
+    /// is Node's unterminated frame, trailing whitespace is not.
     #[test]
     fn stream_split_and_trickle() {
         let data = file();
         let b = body(&download_of(&data, 700));
         for n in [1, 2, 3, 4, 5, 7, 64, 2048, b.len()] {
             let pieces: Vec<&[u8]> = b.chunks(n).collect();
-            let End::Whole(d) = run(1 << 20, &pieces) else { panic!("split {n}") };
+            let End::Whole(d) = run(Limits::alone(1 << 20), &pieces) else { panic!("split {n}") };
             assert_eq!(d.sha256, sha(&data), "split {n}");
         }
-        let End::Whole(_) = run(1 << 20, &[&b[..b.len() - 4]]) else { panic!("no final separator") };
+        assert_eq!(
+            failed(Limits::alone(1 << 20), &[&b[..b.len() - 4]]),
+            "action download_file_stream stream EOF after frame 9: unterminated frame"
+        );
+        let mut spaced = b.clone();
+        spaced.extend_from_slice(b" \r\n");
+        assert!(matches!(run(Limits::alone(1 << 20), &[&spaced]), End::Whole(_)));
     }
 
     /// `Hang`: no byte before the body ends (in service the idle timeout
     /// ends it first); `StreamThenHang`: some frames, then nothing. Neither
-    /// is a download, and nothing before the end is a fault.
+    /// is a download.
     #[test]
     fn hang_and_stream_then_hang() {
-        assert_eq!(run(100, &[]), End::Fault(DownloadFault::Unfinished));
-        let mut v = DownloadValidator::new(1000);
+        assert_eq!(failed(Limits::alone(100), &[]), "action download_file_stream stream EOF: no frames received");
+        let mut v = DownloadValidator::new(Limits::alone(1000));
         let frames = [info(400, 4), chunk(0, b"abcd"), chunk(1, b"abcd")];
-        let (steps, written) = run_with(&mut v, &[&body(&frames)]).unwrap();
-        assert_eq!((steps.len(), written.len()), (3, 8));
-        assert_eq!(v.finish(), Err(DownloadFault::Unfinished));
+        let (steps, written, count) = run_with(&mut v, &[&body(&frames)]).unwrap();
+        assert_eq!((steps.len(), written.len(), count), (3, 8, 3));
+        assert_eq!(v.finish(count), Err(DownloadFault::NoComplete));
     }
 
     /// `DisconnectMidBody`: half the body, or any other cut before the
@@ -385,132 +500,245 @@ mod tests {
         let b = body(&download_of(&data, 1000));
         let terminal_end = b.len() - 4;
         for cut in 0..terminal_end {
-            match run(1 << 20, &[&b[..cut]]) {
-                End::Fault(DownloadFault::NotJson | DownloadFault::Unfinished) => {}
+            match run(Limits::alone(1 << 20), &[&b[..cut]]) {
+                End::Failed(m)
+                    if m.contains("unterminated frame")
+                        || m.contains("missing file_complete terminal")
+                        || m.ends_with("no frames received") => {}
                 other => panic!("cut at {cut}: {other:?}"),
             }
         }
-        assert_eq!(run(1 << 20, &[&b[..b.len() / 2]]), End::Fault(DownloadFault::NotJson));
     }
 
     /// `MalformedJson`, `RawBody` (bytes that are not a JSON frame: cut,
-    /// invalid UTF-8, nested deeper than the parser allows).
+    /// invalid UTF-8, nested deeper than we can represent), each as Node
+    /// words it.
     #[test]
     fn malformed_json_and_raw_bodies() {
-        assert_eq!(run(100, &[br#"{"status":"#]), End::Fault(DownloadFault::NotJson));
-        assert_eq!(run(100, &[b"\xff\xfe{}"]), End::Fault(DownloadFault::NotJson));
-        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
-        assert_eq!(run(100, &[deep.as_bytes()]), End::Fault(DownloadFault::NotJson));
-        // Valid JSON after a good start is still checked frame by frame.
+        let l = Limits::alone(100);
+        assert_eq!(
+            failed(l, &[b"{\"status\":\r\n\r\n"]),
+            "action download_file_stream stream frame 0: invalid JSON: Unexpected end of JSON input"
+        );
+        assert_eq!(
+            failed(l, &[br#"{"status":"#]),
+            "action download_file_stream stream EOF after frame 0: unterminated frame"
+        );
+        assert_eq!(
+            failed(l, &[b"\xff\xfe{}\r\n\r\n"]),
+            "action download_file_stream stream body: The encoded data was not valid for encoding utf-8"
+        );
+        let deep = format!("{{\"a\":{}{}}}\r\n\r\n", "[".repeat(200), "]".repeat(200));
+        assert_eq!(
+            failed(l, &[deep.as_bytes()]),
+            "action download_file_stream stream frame 0: frame handling failed: Maximum call stack size exceeded"
+        );
+        // Frames after a good start are still checked one by one.
         let mut b = body(&[info(4, 4)]);
-        b.extend_from_slice(b"not json\r\n\r\n");
-        assert_eq!(run(100, &[&b]), End::Fault(DownloadFault::NotJson));
+        b.extend_from_slice(b"this is not json\r\n\r\n");
+        assert_eq!(
+            failed(l, &[&b]),
+            "action download_file_stream stream frame 1: invalid JSON: Unexpected token 'h', \"this is not json\" is not valid JSON"
+        );
+        let mut b = body(&[info(4, 4)]);
+        b.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(failed(l, &[&b]), "action download_file_stream stream frame 1: empty frame");
     }
 
-    /// `Http500`: refused on the status; its failed envelope, were it read,
-    /// is SnowLuma's failure.
+    /// `Http500`'s failed envelope, were it read, is SnowLuma's failure.
     #[test]
-    fn http_500() {
-        assert_eq!(DownloadValidator::status(500), Err(DownloadFault::HttpStatus(500)));
-        assert_eq!(DownloadFault::HttpStatus(500).to_string(), "SnowLuma answered the download with HTTP 500");
-        assert_eq!(DownloadValidator::status(200), Ok(()));
-        assert_eq!(DownloadValidator::status(204), Ok(()));
-        assert_eq!(DownloadValidator::status(302), Err(DownloadFault::HttpStatus(302)));
+    fn a_failed_envelope() {
         let failed = json!({"status": "failed", "retcode": 1200, "data": null, "message": "internal server error", "wording": "internal server error"});
-        assert_eq!(fault(100, &[failed]), DownloadFault::Refused("internal server error".into()));
+        assert_eq!(
+            fault(100, &[failed]),
+            "action download_file_stream stream frame 0: terminal error: internal server error"
+        );
     }
 
-    /// `OversizeBody`: a frame over the frame limit stops the splitter
-    /// before the validator sees it; a large ordinary envelope within it
-    /// is not a download.
+    /// `OversizeBody`: a frame over the wire limit stops the reader before
+    /// the validator sees it; a large ordinary envelope within it is not a
+    /// download.
     #[test]
     fn oversize_body() {
         let big = vec![b'x'; MAX_FRAME_BYTES + 1];
-        assert_eq!(run(u64::MAX, &[&big]), End::Oversize(format!("a stream frame exceeds {MAX_FRAME_BYTES} bytes")));
+        assert_eq!(
+            failed(Limits::alone(u64::MAX), &[&big]),
+            "action download_file_stream stream frame 0: wire frame exceeds limit (25165824 bytes)"
+        );
+        let mut b = body(&[info(4, 4)]);
+        b.extend_from_slice(&big);
+        assert_eq!(
+            failed(Limits::alone(u64::MAX), &[&b]),
+            "action download_file_stream stream frame 1: wire frame exceeds limit (25165824 bytes)"
+        );
         let envelope = ok(Value::String("x".repeat(64 * 1024)));
-        assert_eq!(fault(u64::MAX, &[envelope]), DownloadFault::FirstNotInfo);
+        assert_eq!(
+            fault(u64::MAX, &[envelope]),
+            "action download_file_stream stream frame 0: first successful frame must be file_info"
+        );
     }
 
-    /// `NonObject`: `[1,2]` (and any JSON that is not an envelope) names no
-    /// success, so it is SnowLuma's failure without wording.
+    /// `NonObject`: `[1,2]` (and any JSON that is not an envelope).
     #[test]
     fn non_object() {
-        assert_eq!(run(100, &[b"[1,2]"]), End::Fault(DownloadFault::Refused("retcode none".into())));
-        assert_eq!(fault(100, &[json!("not an object frame")]), DownloadFault::Refused("retcode none".into()));
+        assert_eq!(
+            failed(Limits::alone(100), &[b"[1,2]\r\n\r\n"]),
+            "action download_file_stream stream frame 0: expected an object envelope"
+        );
+        assert_eq!(
+            fault(100, &[json!("not an object frame")]),
+            "action download_file_stream stream frame 0: expected an object envelope"
+        );
     }
 
     /// `StreamFrames`: every malformed stream, each refused for its own
-    /// reason.
+    /// reason, in Node's words, at Node's frame.
     #[test]
     fn stream_frames() {
         let ab = b"abcd";
-        let cases: Vec<(&str, Vec<Value>, DownloadFault)> = vec![
-            ("no file_info first", vec![chunk(0, ab), complete(4, 1)], DownloadFault::FirstNotInfo),
-            ("second file_info", vec![info(4, 4), info(4, 4)], DownloadFault::SecondInfo),
-            ("non-canonical base64", vec![info(4, 4), chunk_as(0, "YWJjZA=", 4)], DownloadFault::NotBase64),
-            ("trailing bits", vec![info(1, 1), chunk_as(0, "YR==", 1)], DownloadFault::NotBase64),
-            ("index gap", vec![info(8, 4), chunk(1, ab)], DownloadFault::ChunkOutOfOrder(0)),
-            ("repeated index", vec![info(8, 4), chunk(0, ab), chunk(0, ab)], DownloadFault::ChunkOutOfOrder(1)),
-            ("size mismatch", vec![info(4, 4), chunk_as(0, &STANDARD.encode(ab), 3)], DownloadFault::ChunkSizeMismatch),
+        let cases: Vec<(&str, Vec<Value>, &str)> = vec![
+            (
+                "no file_info first",
+                vec![chunk(0, ab), complete(4, 1)],
+                "frame 0: first successful frame must be file_info",
+            ),
+            ("second file_info", vec![info(4, 4), info(4, 4)], "frame 1: file_info must be the first and only header"),
+            (
+                "non-canonical base64",
+                vec![info(4, 4), chunk_as(0, "YWJjZA=", 4)],
+                "frame 1: file_chunk.data is not valid canonical base64",
+            ),
+            (
+                "trailing bits",
+                vec![info(1, 1), chunk_as(0, "YR==", 1)],
+                "frame 1: file_chunk.data is not valid canonical base64",
+            ),
+            ("index gap", vec![info(8, 4), chunk(1, ab)], "frame 1: expected chunk index 0, got 1"),
+            ("repeated index", vec![info(8, 4), chunk(0, ab), chunk(0, ab)], "frame 2: expected chunk index 1, got 0"),
+            (
+                "size mismatch",
+                vec![info(4, 4), chunk_as(0, &STANDARD.encode(ab), 3)],
+                "frame 1: file_chunk.size does not match decoded base64 bytes",
+            ),
             (
                 "chunk without data",
                 vec![info(4, 4), ok(json!({"type": "stream", "data_type": "file_chunk", "index": 0}))],
-                DownloadFault::ChunkWithoutData,
+                "frame 1: file_chunk.data must be base64 text",
             ),
-            ("more than declared", vec![info(4, 4), chunk(0, ab), chunk(1, ab)], DownloadFault::OverDeclared),
-            ("short of declared", vec![info(8, 4), chunk(0, ab), complete(4, 1)], DownloadFault::Short),
-            ("terminal totals", vec![info(4, 4), chunk(0, ab), complete(5, 1)], DownloadFault::CompleteBytes),
-            ("terminal chunk count", vec![info(4, 4), chunk(0, ab), complete(4, 2)], DownloadFault::CompleteChunks),
-            ("missing terminal", vec![info(4, 4), chunk(0, ab)], DownloadFault::Unfinished),
+            (
+                "chunk without index",
+                vec![info(4, 4), ok(json!({"type": "stream", "data_type": "file_chunk", "data": "YWJjZA=="}))],
+                "frame 1: expected chunk index 0, got undefined",
+            ),
+            (
+                "more than declared",
+                vec![info(4, 4), chunk(0, ab), chunk(1, ab)],
+                "frame 2: downloaded bytes exceed declared file_size (4 bytes)",
+            ),
+            (
+                "short of declared",
+                vec![info(8, 4), chunk(0, ab), complete(4, 1)],
+                "EOF after frame 3: expected 8 bytes, received 4",
+            ),
+            (
+                "terminal totals",
+                vec![info(4, 4), chunk(0, ab), complete(5, 1)],
+                "EOF after frame 3: terminal total_bytes mismatch",
+            ),
+            (
+                "terminal without totals",
+                vec![info(4, 4), chunk(0, ab), ok(json!({"type": "response", "data_type": "file_complete"}))],
+                "EOF after frame 3: terminal total_bytes is missing or invalid",
+            ),
+            (
+                "terminal chunk count",
+                vec![info(4, 4), chunk(0, ab), complete(4, 2)],
+                "EOF after frame 3: terminal total_chunks mismatch",
+            ),
+            ("missing terminal", vec![info(4, 4), chunk(0, ab)], "EOF after frame 2: missing file_complete terminal"),
             (
                 "frame after terminal",
                 vec![info(4, 4), chunk(0, ab), complete(4, 1), chunk(1, ab)],
-                DownloadFault::AfterComplete,
+                "frame 3: frame received after terminal",
             ),
             (
                 "huge declared size",
                 vec![info(1 << 50, 4), chunk(0, ab)],
-                DownloadFault::DeclaredTooLarge { size: 1 << 50, limit: 1000 },
+                "frame 0: file_size exceeds limit (1000 bytes)",
             ),
+            (
+                "no declared size",
+                vec![ok(json!({"type": "stream", "data_type": "file_info", "file_name": "x"}))],
+                "frame 0: invalid file_size",
+            ),
+            ("zero chunk size", vec![info(4, 0)], "frame 0: invalid chunk_size"),
             (
                 "error frame",
                 vec![
                     info(4, 4),
                     json!({"status":"failed","retcode":100,"data":{"type":"error","data_type":"error"},"message":"boom","wording":"boom"}),
                 ],
-                DownloadFault::Refused("boom".into()),
+                "frame 1: terminal error: boom",
             ),
             (
                 "error type in an ok frame",
                 vec![info(4, 4), ok(json!({"type": "error", "data_type": "file_chunk"}))],
-                DownloadFault::Refused("retcode 0".into()),
+                "frame 1: terminal error: retcode=0",
             ),
             (
                 "unknown frame",
                 vec![info(4, 4), ok(json!({"data_type": "file_middle"}))],
-                DownloadFault::Unexpected("file_middle".into()),
+                "frame 1: unexpected file frame file_middle",
+            ),
+            (
+                "a complete that is not a response",
+                vec![info(4, 4), chunk(0, ab), ok(json!({"type": "stream", "data_type": "file_complete"}))],
+                "frame 2: unexpected file frame file_complete",
             ),
         ];
         for (name, frames, expected) in cases {
-            let got = match run(1000, &[&body(&frames)]) {
-                End::Fault(f) => f,
-                other => panic!("{name}: {other:?}"),
-            };
-            assert_eq!(got, expected, "{name}");
+            let got = fault(1000, &frames);
+            assert_eq!(got, format!("action download_file_stream stream {expected}"), "{name}");
         }
         // Undeclared sizes are bounded by the limit alone.
-        assert_eq!(fault(6, &[info(0, 4), chunk(0, ab), chunk(1, ab)]), DownloadFault::OverLimit(6),);
+        assert_eq!(
+            fault(6, &[info(0, 4), chunk(0, ab), chunk(1, ab)]),
+            "action download_file_stream stream frame 2: downloaded bytes exceed limit (6 bytes)"
+        );
+    }
+
+    /// The quota: a declared size (or, undeclared, the whole per-file limit)
+    /// beyond what the supervisor could reserve, with Node's accounting.
+    #[test]
+    fn the_download_quota_in_nodes_words() {
+        let limits = Limits { max: 1_048_576, room: 2_097_152 - 2_072_800, reserved: 0 };
+        assert_eq!(
+            fault_with(limits, &[info(1_000_000, 65536)]),
+            "action download_file_stream stream frame 0: frame handling failed: download directory quota 2097152 bytes exceeded: existing=2072800, reserved=0, requested reserve=1000000"
+        );
+        let limits = Limits { max: 1000, room: 600, reserved: 300 };
+        assert_eq!(
+            fault_with(limits, &[info(0, 4)]),
+            "action download_file_stream stream frame 0: frame handling failed: download directory quota 2000 bytes exceeded: existing=1100, reserved=300, requested reserve=1000"
+        );
+        assert!(
+            matches!(run(limits, &[&body(&[info(600, 4), complete(0, 0)])]), End::Failed(m) if m.contains("expected 600 bytes"))
+        );
+    }
+
+    fn fault_with(limits: Limits, frames: &[Value]) -> String {
+        failed(limits, &[&body(frames)])
     }
 
     #[test]
     fn chunk_counts_are_bounded() {
-        let mut v = DownloadValidator::with_max_chunks(1000, 2);
-        assert_eq!(v.frame(info(12, 4).to_string().as_bytes()), Err(DownloadFault::TooManyChunksDeclared(2)));
-        let mut v = DownloadValidator::with_max_chunks(1000, 2);
-        let frames = [info(0, 0), chunk(0, b"a"), chunk(1, b"b"), chunk(2, b"c")];
-        let results: Vec<_> = frames.iter().map(|f| v.frame(f.to_string().as_bytes()).map(|_| ())).collect();
+        let mut v = DownloadValidator::with_max_chunks(Limits::alone(1000), 2);
+        assert_eq!(v.frame(0, &info(12, 4)), Err(DownloadFault::DeclaredChunksLimit(2)));
+        let mut v = DownloadValidator::with_max_chunks(Limits::alone(1000), 2);
+        let frames = [info(0, 1), chunk(0, b"a"), chunk(1, b"b"), chunk(2, b"c")];
+        let results: Vec<_> = frames.iter().enumerate().map(|(i, f)| v.frame(i as u64, f).map(|_| ())).collect();
         assert_eq!(results[..3], [Ok(()), Ok(()), Ok(())]);
-        assert_eq!(results[3], Err(DownloadFault::TooManyChunks(2)));
-        assert_eq!(DownloadFault::TooManyChunks(MAX_FILE_CHUNKS).to_string(), "more than 200000 chunks");
+        assert_eq!(results[3], Err(DownloadFault::ChunksLimit(2)));
+        assert_eq!(DownloadFault::ChunksLimit(MAX_FILE_CHUNKS).to_string(), "file chunks exceed limit (200000)");
     }
 }
