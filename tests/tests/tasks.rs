@@ -51,6 +51,31 @@ impl Env {
     fn spawn(&self) -> Mcp {
         self.spawn_with("t", &self.task_dir())
     }
+
+    /// A session started as serve-http's launcher starts a tree for an
+    /// access token (`principal`: `<token id> <peer>`), or a plain stdio
+    /// session (`None`), once it holds the task directory's lease (the
+    /// previous session, killed, may not have let go of it yet).
+    fn spawn_leased(&self, principal: Option<&str>) -> Mcp {
+        wait_until("a new session gets the lease", || {
+            let url = self.fake.fake.url();
+            let sd = self.dir.join("downloads").display().to_string();
+            let td = self.task_dir().display().to_string();
+            let mut env = vec![
+                ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+                ("SNOWLUMA_MCP_TOKEN", "t"),
+                ("SNOWLUMA_MCP_MODE", "write"),
+                ("SNOWLUMA_MCP_STREAM_DIR", sd.as_str()),
+                ("SNOWLUMA_MCP_TASK_DIR", td.as_str()),
+            ];
+            if let Some(p) = principal {
+                env.push(("SNOWLUMA_MCP_INTERNAL_HTTP_PRINCIPAL", p));
+            }
+            let mut s = Mcp::spawn(&env);
+            let r = call_task_tool(&mut s, "list_tasks", json!({}));
+            if r["result"]["isError"] == false { Ok(s) } else { Err(r.to_string()) }
+        })
+    }
 }
 
 fn tasks_meta() -> Value {
@@ -471,4 +496,74 @@ fn a_restarted_task_store_worker_does_not_fail_running_transfers() {
     let t = wait_final(&mut s, &id);
     assert_eq!(t["status"], "completed", "{t}");
     assert_eq!(actions_sent(&e, "download_file_stream"), 1);
+}
+
+/// The ids `list_tasks` lists (one page).
+fn listed(s: &mut Mcp) -> Vec<String> {
+    let r = call_task_tool(s, "list_tasks", json!({}));
+    assert_eq!(r["result"]["isError"], false, "{r}");
+    let tasks = r["result"]["structuredContent"]["result"]["tasks"].as_array().unwrap().clone();
+    assert!(tasks.iter().all(|t| t.get("owner").is_none()), "the owner is not shown: {r}");
+    tasks.iter().map(|t| t["taskId"].as_str().unwrap().to_owned()).collect()
+}
+
+/// `tasks/get`, `tasks/cancel` and `tasks/update` of a task this session
+/// may not see: each the unknown-task error, nothing of the task in it.
+fn unknown_everywhere(s: &mut Mcp, id: &str) {
+    for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+        let r = s.request(method, with_meta(json!({"taskId": id, "inputResponses": {}})));
+        assert_eq!(r["error"]["code"], -32602, "{method}: {r}");
+        assert_eq!(r["error"]["message"], "unknown task", "{method}: {r}");
+    }
+}
+
+/// Tasks belong to the principal whose session created them. A stdio
+/// session's belong to no access token: a restart of the same
+/// configuration reads them, as before. A session serve-http starts for an
+/// access token (the launcher names the token's id in the session's
+/// environment) sees only that token's tasks, and no other session sees
+/// those: not listed, unknown to get, cancel and update (their results hold
+/// file paths and account data).
+#[test]
+fn tasks_are_visible_only_to_the_principal_that_created_them() {
+    let e = env("owner");
+    e.fake.fake.add_file("f.bin", vec![1u8; 100]);
+    let mut s = e.spawn_leased(None);
+    let plain = start(&mut s, download_args("f.bin"));
+    assert_eq!(wait_final(&mut s, &plain)["status"], "completed");
+    drop(s);
+
+    let mut s = e.spawn_leased(Some("alice 127.0.0.1:50312"));
+    assert_eq!(listed(&mut s), Vec::<String>::new(), "alice sees no stdio task");
+    unknown_everywhere(&mut s, &plain);
+    let alices = start(&mut s, download_args("f.bin"));
+    let done = wait_final(&mut s, &alices);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(listed(&mut s), vec![alices.clone()]);
+    drop(s);
+
+    // A restart of the stdio configuration still reads its own result.
+    let mut s = e.spawn_leased(None);
+    assert_eq!(listed(&mut s), vec![plain.clone()]);
+    let t = get(&mut s, &plain);
+    assert_eq!(t["status"], "completed", "{t}");
+    assert!(t["result"]["structuredContent"]["result"]["file_path"].is_string(), "{t}");
+    unknown_everywhere(&mut s, &alices);
+    drop(s);
+
+    // Another token's session sees neither; alice's next session hers.
+    let mut s = e.spawn_leased(Some("bob 127.0.0.1:50313"));
+    assert_eq!(listed(&mut s), Vec::<String>::new());
+    unknown_everywhere(&mut s, &plain);
+    unknown_everywhere(&mut s, &alices);
+    drop(s);
+    let mut s = e.spawn_leased(Some("alice 127.0.0.2:40000"));
+    assert_eq!(listed(&mut s), vec![alices.clone()]);
+    assert_eq!(get(&mut s, &alices)["status"], "completed");
+    unknown_everywhere(&mut s, &plain);
+    // The record says whose it is, the token's id only.
+    let record = std::fs::read_to_string(e.task_dir().join(format!("{alices}.json"))).unwrap();
+    assert!(record.contains("\"owner\":\"http:alice\""), "{record}");
+    let record = std::fs::read_to_string(e.task_dir().join(format!("{plain}.json"))).unwrap();
+    assert!(!record.contains("\"owner\""), "{record}");
 }

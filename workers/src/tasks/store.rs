@@ -320,12 +320,17 @@ impl TaskStore {
         nix::unistd::fsync(self.dir.as_fd()).map_err(nix_io("sync directory"))
     }
 
-    /// Task metadata (no results or errors) ordered by creation, `limit`
-    /// per page; the cursor is the last id of the previous page.
-    pub fn list(&self, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {
+    /// The metadata (no results or errors) of `owner`'s tasks, ordered by
+    /// creation, `limit` per page; the cursor is the last id of the
+    /// previous page. Every record is read and validated, another owner's
+    /// included: a corrupt record is reported, never skipped.
+    pub fn list(&self, cursor: Option<&str>, limit: usize, owner: Option<&str>) -> Result<Page, StoreError> {
         let mut all = Vec::new();
         for id in self.record_ids()? {
             let mut r = self.get(&id)?;
+            if r.owner.as_deref() != owner {
+                continue;
+            }
             r.result = None;
             r.error = None;
             all.push(r);
@@ -385,6 +390,7 @@ mod tests {
             created_at: at.into(),
             last_updated_at: at.into(),
             action: "download_file_stream".into(),
+            owner: None,
             progress: None,
             result: Some(serde_json::json!({"ok": true})),
             error: None,
@@ -486,7 +492,7 @@ mod tests {
         std::fs::write(&path, b"{not json").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(matches!(store.get(&bad), Err(StoreError::Corrupt { .. })));
-        assert!(matches!(store.list(None, 50), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(store.list(None, 50, None), Err(StoreError::Corrupt { .. })));
         // Not recreated or removed.
         assert_eq!(std::fs::read(&path).unwrap(), b"{not json");
 
@@ -528,7 +534,7 @@ mod tests {
         let mut cursor = None;
         let mut pages = 0;
         loop {
-            let page = store.list(cursor.as_deref(), 50).unwrap();
+            let page = store.list(cursor.as_deref(), 50, None).unwrap();
             pages += 1;
             assert!(page.tasks.iter().all(|t| t.result.is_none() && t.error.is_none()));
             seen.extend(page.tasks.into_iter().map(|t| t.created_at));
