@@ -543,14 +543,7 @@ fn default_deny_allow_and_deny_lists() {
         ("SNOWLUMA_MCP_AUDIT_LOG", log.to_str().unwrap()),
     ]);
     s.initialize("2025-11-25");
-    for action in [
-        "get_cookies",
-        "get_credentials",
-        ".send_packet",
-        "bot_exit",
-        "send_group_msg",
-        "get_rkey",
-    ] {
+    for action in ["get_cookies", "get_credentials", ".send_packet", "bot_exit", "send_group_msg", "get_rkey"] {
         let r = s.call("invoke_action", json!({"action": action, "params": {"group_id": 20001, "message": "x"}}));
         assert!(is_error(&r), "{action} should be refused");
         assert_eq!(diag(&r)["kind"], "policy_denied", "{action}");

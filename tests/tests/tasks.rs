@@ -3,7 +3,7 @@
 //! and the fake SnowLuma, in raw JSON: no SDK client implements the
 //! extension yet.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
@@ -341,6 +341,35 @@ fn corrupt_and_oversized_records_are_errors() {
     std::fs::File::options().write(true).open(&rec).unwrap().set_len(16 * 1024 * 1024 + 1).unwrap();
     let t = first_error_after_restart(&e);
     assert!(t.contains("exceeds the limit"), "{t}");
+}
+
+/// A FIFO planted under a record's name (`<32 hex>.json`) is reported as
+/// corruption at once, like a directory or a symlink: it does not hang the
+/// task store's open (no writer would ever come), so every task call is
+/// answered, every other tool works, and the session still ends when its
+/// client goes.
+#[test]
+fn a_fifo_under_a_records_name_is_corruption_not_a_hang() {
+    let e = env("fifo");
+    prepared(&e);
+    let id = "0123456789abcdef0123456789abcdef";
+    let fifo = e.task_dir().join(format!("{id}.json"));
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let t = first_error_after_restart(&e);
+    assert!(t.contains("corrupt") && t.contains("FIFO"), "{t}");
+    let mut s = e.spawn();
+    let r = call_task_tool(&mut s, "list_tasks", json!({}));
+    assert!(text(&r["result"]).contains("FIFO"), "{r}");
+    let r = s.request("tasks/get", with_meta(json!({"taskId": id})));
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("corrupt"), "{r}");
+    let r = call_task_tool(&mut s, "invoke_action_background", download_args("x"));
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(!is_error(&s.call_modern("list_categories", json!({}), json!({}))));
+    s.close_stdin();
+    let status = wait_exit(&mut s.child, "the session ends at stdin's end");
+    assert!(status.success(), "{status:?}");
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "never removed or replaced");
 }
 
 #[test]
