@@ -32,9 +32,13 @@ pub const UI_MIME: &str = "text/html;profile=mcp-app";
 pub const UI_URI: &str = "ui://snowluma-mcp/preview-message.html";
 
 /// The longest `text` a draft may hold, in Unicode characters. QQ splits or
-/// refuses far shorter messages in practice; the cap keeps a draft, its
-/// `invoke_action` arguments and the panel's rendering bounded (at most
-/// 40 KB of UTF-8) while leaving room for any real chat message.
+/// refuses far shorter messages in practice; the cap keeps the text at most
+/// 40 KB of UTF-8 while leaving room for any real chat message. The answer
+/// carries it six times (draft, `text`, send arguments, each in
+/// `structuredContent` and in the text block's JSON), so it stays under
+/// 400 KB: 392 KB when every character is a control character (JSON's
+/// six-byte `\u00XX`, seven once escaped again), the measured worst case
+/// the README states (`tests/tests/preview.rs` holds it to that).
 pub const MAX_TEXT_CHARS: usize = 10_000;
 /// JavaScript's largest safe integer, 2^53 − 1: ids above it lose precision
 /// in the clients (and the panel) that read them as doubles.
