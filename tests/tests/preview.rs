@@ -114,6 +114,15 @@ fn arguments_are_checked() {
         (json!({"message_type": "group", "target_id": 9_007_199_254_740_992_u64, "text": "x"}), "target_id must be"),
         (json!({"message_type": "group", "target_id": "1", "text": "x"}), "target_id must be"),
         (json!({"message_type": "group", "target_id": 1, "text": ""}), "text must contain"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{200B}"}), "invisible characters"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{FEFF}"}), "invisible characters"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{200F}"}), "invisible characters"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\0"}), "invisible characters"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{301}"}), "invisible characters"),
+        (
+            json!({"message_type": "group", "target_id": 1, "text": "\u{200B} \u{FEFF}\n\u{200F}\0\u{301}"}),
+            "invisible characters",
+        ),
         (json!({"message_type": "group", "target_id": 1, "text": long}), "10001 characters"),
         (json!({"message_type": "group", "target_id": 1, "text": "x", "reply_to": 0}), "reply_to must be"),
         (
@@ -144,7 +153,7 @@ fn the_longest_drafts_answer_stays_under_the_documented_bound() {
     const DOCUMENTED_BOUND: usize = 400_000;
     let readme = include_str!("../../README.md");
     let section = &readme[readme.find("### Message preview").unwrap()..];
-    let section = &section[..section.find("\n## ").unwrap()];
+    let section = section[..section.find("\n## ").unwrap()].split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(section.contains("the answer, which carries the text six times"), "the README explains the answer's size");
     assert!(section.contains("stays under 400 KB"), "the README states the bound this test holds");
     let mut legacy = Mcp::spawn(&[]);
