@@ -350,7 +350,7 @@ fn mismatch_stops_and_release_allows_a_new_connection() {
     no_actions(&st);
 }
 
-/// Garbage, oversize frames and a server-side close each end the
+/// Garbage, a binary frame, oversize frames and a server-side close each end the
 /// connection, visibly, without reconnecting.
 #[test]
 fn malformed_oversize_and_server_close_are_surfaced() {
@@ -361,6 +361,7 @@ fn malformed_oversize_and_server_close_are_surfaced() {
         ("non-object", 1, "malformed"),
         ("oversize", 2, "256"),
         ("server close", 3, "closed"),
+        ("binary frame", 4, "binary frame"),
     ] {
         let uri = subscribe_uri(&mut s, json!({"self_id": SELF_ID}));
         match inject {
@@ -370,14 +371,17 @@ fn malformed_oversize_and_server_close_are_surfaced() {
                 "{{\"self_id\":{SELF_ID},\"post_type\":\"notice\",\"pad\":\"{}\"}}",
                 "y".repeat(300 * 1024)
             )),
+            // A valid event's JSON, but in a binary frame: not an event.
+            4 => st.ev.send_binary(group_message(SELF_ID, 20001, 30001, "binary").to_string().as_bytes()),
             _ => st.ev.close_all(),
         };
         let v = wait_state(&mut s, &uri, "stopped");
         assert!(v["status"]["reason"].as_str().unwrap().contains(needle), "{what}: {v}");
+        assert_eq!(v["events"], json!([]), "{what}: nothing buffered");
         wait_until("the socket is closed", || (st.ev.open() == 0).then_some(()));
         assert!(!is_error(&s.call("unsubscribe_events", json!({"uri": uri}))));
     }
-    assert_eq!(st.ev.accepted(), 4, "no silent reconnect");
+    assert_eq!(st.ev.accepted(), 5, "no silent reconnect");
     no_actions(&st);
 }
 
