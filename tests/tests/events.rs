@@ -207,6 +207,57 @@ fn modern_listen_notify_cancel() {
     no_actions(&st);
 }
 
+/// `subscriptions/listen` acknowledges only the URIs this session can read:
+/// its live event resources. An unknown or released event URI, the
+/// catalog's resources and a foreign URI are left out of the
+/// acknowledgement (and get no updates); a listen naming none of its
+/// resources is acknowledged without any.
+#[test]
+fn listen_acknowledges_only_the_sessions_live_resources() {
+    let st = setup();
+    let mut s = spawn(&st, &[]);
+    let sub = |s: &mut Mcp| {
+        let r = s.call_modern("subscribe_events", json!({"self_id": SELF_ID}), json!({}));
+        assert!(!is_error(&r), "{r}");
+        structured(&r)["result"]["uri"].as_str().unwrap().to_owned()
+    };
+    let live = sub(&mut s);
+    let released = sub(&mut s);
+    let r = s.call_modern("unsubscribe_events", json!({"uri": released}), json!({}));
+    assert!(!is_error(&r), "{r}");
+    let requested = json!([
+        "snowluma://onebot/events/ffffffffffffffffffffffffffffffff",
+        released,
+        live,
+        "snowluma://onebot/actions",
+        "snowluma://onebot/actions/send_group_msg",
+        "file:///etc/passwd",
+    ]);
+    let listen = s.send_request(
+        "subscriptions/listen",
+        json!({"notifications": {"resourceSubscriptions": requested}, "_meta": modern_meta()}),
+    );
+    let ack = s.wait_notification("notifications/subscriptions/acknowledged", |_| true);
+    assert_eq!(ack["params"]["notifications"]["resourceSubscriptions"], json!([live]), "{ack}");
+    st.ev.send(&private_message(SELF_ID, 30001, "hello"));
+    let n = s.wait_notification("notifications/resources/updated", |m| m["params"]["uri"] == live.as_str());
+    assert_eq!(n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], listen, "{n}");
+    s.notify("notifications/cancelled", json!({"requestId": listen}));
+
+    // Nothing this session can read: acknowledged with no resource at all.
+    let other = s.send_request(
+        "subscriptions/listen",
+        json!({"notifications": {"resourceSubscriptions": [released, "snowluma://onebot/actions"]}, "_meta": modern_meta()}),
+    );
+    let ack = s.wait_notification("notifications/subscriptions/acknowledged", |m| {
+        m["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == other
+    });
+    let acked = &ack["params"]["notifications"]["resourceSubscriptions"];
+    assert!(acked.is_null() || *acked == json!([]), "{ack}");
+    s.notify("notifications/cancelled", json!({"requestId": other}));
+    no_actions(&st);
+}
+
 /// Type, group and user filters (AND), message_sent as message, and
 /// argument checks.
 #[test]
