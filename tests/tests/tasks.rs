@@ -169,6 +169,32 @@ fn a_background_download_and_upload_complete_with_the_synchronous_shape() {
     assert!(r.get("result").is_some(), "{r}");
 }
 
+/// A task id that is not a string (or none) is invalid params, `-32602`,
+/// like any malformed request params, not "method not found".
+#[test]
+fn a_task_id_that_is_not_a_string_is_invalid_params() {
+    let e = env("badid");
+    let mut s = e.spawn();
+    for (method, params) in [
+        ("tasks/get", json!({"taskId": 5})),
+        ("tasks/get", json!({"taskId": null})),
+        ("tasks/get", json!({})),
+        ("tasks/cancel", json!({"taskId": 5})),
+        ("tasks/cancel", json!({"taskId": {"id": "x"}})),
+        ("tasks/update", json!({"taskId": [1], "inputResponses": {}})),
+    ] {
+        let r = s.request(method, with_meta(params.clone()));
+        assert_eq!(r["error"]["code"], -32602, "{method} {params}: {r}");
+    }
+    // Methods the extension does not have stay unknown.
+    for method in ["tasks/list", "tasks/result"] {
+        let r = s.request(method, with_meta(json!({"taskId": 5})));
+        assert_eq!(r["error"]["code"], -32601, "{method}: {r}");
+    }
+    // The session goes on.
+    assert_eq!(call_task_tool(&mut s, "list_tasks", json!({}))["result"]["isError"], false);
+}
+
 #[test]
 fn legacy_and_undeclared_clients_see_no_task_tools() {
     let e = env("legacy");
