@@ -150,9 +150,13 @@ pub enum WorkerConfig {
     },
     Network(NetworkConfig),
     /// The task-store worker: the digest of the effective mode, endpoint
-    /// and token (computed by the supervisor at startup; never the token).
+    /// and token (computed by the supervisor at startup; never the token),
+    /// and the principal this session's tasks belong to
+    /// ([`crate::task::owner_of_http_token`]; `None` for a stdio session):
+    /// the worker shows a session only its own principal's records.
     Tasks {
         config_digest: [u8; 32],
+        owner: Option<String>,
     },
 }
 

@@ -41,6 +41,10 @@ pub struct TaskRecord {
     pub last_updated_at: String,
     /// The catalog action the task runs.
     pub action: String,
+    /// The principal the task belongs to ([`owner_of_http_token`]); absent
+    /// for tasks of stdio sessions. Only that principal sees the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     /// The last progress reported (bytes or frames), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<serde_json::Value>,
@@ -53,6 +57,13 @@ pub struct TaskRecord {
 }
 
 pub const RECORD_VERSION: u32 = 1;
+
+/// The owner of a task created in a `serve-http` session: the id of the
+/// access token (never the token) that authorized it. The prefix keeps it
+/// apart from any other kind of principal a later release may record.
+pub fn owner_of_http_token(token_id: &str) -> String {
+    format!("http:{token_id}")
+}
 
 /// Task ids: 32 lowercase hex digits.
 pub fn is_task_id(id: &str) -> bool {

@@ -70,10 +70,12 @@ pub enum Probe {
     MemfdExec,
     /// A raw `AF_PACKET` socket (needs `CAP_NET_RAW`).
     PacketSocket,
+    /// `prctl(PR_SET_DUMPABLE, 1)`: become traceable and core-dumpable again.
+    SetDumpable,
 }
 
 impl Probe {
-    pub const ALL: [Probe; 14] = [
+    pub const ALL: [Probe; 15] = [
         Probe::ReadEtcPasswd,
         Probe::WriteOutside,
         Probe::Connect,
@@ -88,6 +90,7 @@ impl Probe {
         Probe::ExecLoader,
         Probe::MemfdExec,
         Probe::PacketSocket,
+        Probe::SetDumpable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -106,6 +109,7 @@ impl Probe {
             Probe::ExecLoader => "exec-loader",
             Probe::MemfdExec => "memfd-exec",
             Probe::PacketSocket => "packet-socket",
+            Probe::SetDumpable => "set-dumpable",
         }
     }
 
@@ -263,6 +267,7 @@ fn extra_probe(probe: Probe, args: &ProbeArgs) -> Result<(), String> {
         Probe::PacketSocket => {
             socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from((libc::ETH_P_ALL as u16).to_be())).map(drop)
         }
+        Probe::SetDumpable => nix::sys::prctl::set_dumpable(true).map_err(|e| e.to_string()),
         _ => Err("not an extra probe".into()),
     }
 }
@@ -435,6 +440,8 @@ mod tests {
         // Only root (CAP_NET_RAW) may open a packet socket.
         let root = nix::unistd::geteuid().is_root();
         assert_eq!(run(Probe::PacketSocket, &ProbeArgs::default()).escaped, root);
+        // The test process is dumpable already; setting it again succeeds.
+        assert!(run(Probe::SetDumpable, &ProbeArgs::default()).escaped);
     }
 
     #[test]

@@ -157,8 +157,49 @@ pub fn check_answer(
                 return Err((invalid(format!("{k} does not match its schema: {first}")), "input_invalid"));
             }
         }
+        // The catalog's schema for a OneBot message has no type (it is a
+        // description only); its parameter type says what it is.
+        if param_type(action, k) == Some("message")
+            && let Err(why) = onebot_message(v)
+        {
+            return Err((invalid(format!("{k} {why}")), "input_invalid"));
+        }
     }
     Ok(fields)
+}
+
+/// The catalog's type of `action`'s parameter `name` (`"message"`, `"uint"`, …).
+fn param_type<'a>(action: &'a Action, name: &str) -> Option<&'a str> {
+    action
+        .doc
+        .get("params")?
+        .as_array()?
+        .iter()
+        .find(|p| p.get("name").and_then(Value::as_str) == Some(name))?
+        .get("type")?
+        .as_str()
+}
+
+/// A OneBot message as SnowLuma takes one: a string (CQ codes allowed), an
+/// array of segments, or one segment, each segment an object with a
+/// non-empty string `type` and, if present, an object `data`. The error
+/// completes "<field> …".
+fn onebot_message(v: &Value) -> Result<(), String> {
+    const SHAPE: &str = "must be a OneBot message: a string, an array of segments or one segment \
+        ({\"type\": \"text\", \"data\": {\"text\": \"…\"}})";
+    let segment = |s: &Value| {
+        s.as_object().is_some_and(|o| {
+            o.get("type").and_then(Value::as_str).is_some_and(|t| !t.is_empty())
+                && o.get("data").is_none_or(Value::is_object)
+        })
+    };
+    let ok = match v {
+        Value::String(_) => true,
+        Value::Array(items) => !items.is_empty() && items.iter().all(segment),
+        Value::Object(_) => segment(v),
+        _ => false,
+    };
+    if ok { Ok(()) } else { Err(SHAPE.to_owned()) }
 }
 
 /// What a sealed continuation carries (signed, not encrypted: the client
@@ -375,6 +416,29 @@ mod tests {
                 "{answer}: {:?}",
                 r.diagnostics.message
             );
+        }
+        // message has no typed schema: its catalog type decides.
+        for answer in [
+            "{\"message\":[{\"type\":\"text\",\"data\":{\"text\":\"hi\"}}]}",
+            "{\"message\":{\"type\":\"face\",\"data\":{\"id\":\"1\"}}}",
+            "{\"message\":\"[CQ:face,id=1]\"}",
+        ] {
+            check_answer(a, &provided, &m, "accept", Some(&json!({"params_json": answer}))).unwrap();
+        }
+        for answer in [
+            "{\"message\":12345}",
+            "{\"message\":null}",
+            "{\"message\":true}",
+            "{\"message\":[]}",
+            "{\"message\":[1]}",
+            "{\"message\":[\"hi\"]}",
+            "{\"message\":{\"text\":\"hi\"}}",
+            "{\"message\":{\"type\":\"\",\"data\":{}}}",
+            "{\"message\":{\"type\":\"text\",\"data\":\"hi\"}}",
+        ] {
+            let (r, why) = check_answer(a, &provided, &m, "accept", Some(&json!({"params_json": answer}))).unwrap_err();
+            assert_eq!(why, "input_invalid");
+            assert!(r.diagnostics.message.as_deref().unwrap().contains("OneBot message"), "{answer}");
         }
         let (r, why) = check_answer(a, &provided, &m, "decline", None).unwrap_err();
         assert_eq!((r.diagnostics.kind, why), (Some(FailureKind::Cancelled), "input_declined"));

@@ -215,6 +215,8 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
     v.push(forbidden(Probe::MemfdExec, vec![], "execute a program written into a memfd"));
     v.push(forbidden(Probe::Signal, vec![pid.clone()], "signal a sibling process"));
     v.push(forbidden(Probe::Ptrace, vec![pid], "ptrace a sibling process"));
+    // Every role confines itself non-dumpable; none may undo that.
+    v.push(forbidden(Probe::SetDumpable, vec![], "make itself dumpable again (prctl PR_SET_DUMPABLE 1)"));
     v
 }
 

@@ -136,6 +136,13 @@ fn main() -> ExitCode {
     // Who this session serves: the serve-http launcher names the HTTP
     // principal (read once, then scrubbed); otherwise the socket's peer.
     let principal = http::take_session_principal().or_else(|| stdin_peer().map(audit::Principal::Local));
+    // Whose tasks this session's are: a serve-http session's access token
+    // (its id); a stdio session's are no one's in particular, so that its
+    // results survive a restart of the same configuration.
+    let task_owner = match &principal {
+        Some(audit::Principal::Http { token_id, .. }) => Some(snowluma_proto::task::owner_of_http_token(token_id)),
+        _ => None,
+    };
     // The audit log is opened before anything can execute; a log that
     // cannot be written stops startup (fail closed).
     let audit = match &config.audit_log {
@@ -316,7 +323,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let tasks = task_dir.zip(task_scope);
+    let tasks = task_dir.zip(task_scope).map(|(fd, digest)| (fd, digest, task_owner));
     let started =
         Started { config, policy, audit, grants, transfer_dirs, tasks, token, events_token, resolved, events_resolved };
     match rt.block_on(run(started, (spawner_sock, spawner_pid))) {
@@ -617,8 +624,9 @@ struct Started {
     audit: Option<audit::AuditLog>,
     grants: WorkerGrants,
     transfer_dirs: Option<TransferDirs>,
-    /// The task directory's descriptor and the configuration's scope digest.
-    tasks: Option<(Arc<std::os::fd::OwnedFd>, [u8; 32])>,
+    /// The task directory's descriptor, the configuration's scope digest
+    /// and the principal this session's tasks belong to.
+    tasks: Option<(Arc<std::os::fd::OwnedFd>, [u8; 32], Option<String>)>,
     /// Moved into the network executor's configuration, then wiped.
     token: Option<zeroize::Zeroizing<String>>,
     /// The event WebSocket's own token: likewise.
@@ -703,10 +711,11 @@ async fn run(
     } else {
         None
     };
+    let task_owner = tasks.as_ref().and_then(|(_, _, owner)| owner.clone());
     let task_slot = match (tasks, &files) {
-        (Some((fd, config_digest)), Some(_)) => Some(WorkerSlot::start(
+        (Some((fd, config_digest, owner)), Some(_)) => Some(WorkerSlot::start(
             Role::Tasks,
-            WorkerConfig::Tasks { config_digest },
+            WorkerConfig::Tasks { config_digest, owner },
             spec.clone(),
             Attach { fds: vec![(snowluma_proto::TASKS_DIR_FD, fd)], channel: None },
         )),
@@ -741,7 +750,7 @@ async fn run(
         }
         _ => None,
     };
-    let task_service = task_slot.clone().map(tasks::TaskService::new);
+    let task_service = task_slot.clone().map(|slot| tasks::TaskService::new(slot, task_owner));
     if let Some(t) = task_service.clone() {
         // The restart pass, at once: unfinished records of an earlier run
         // become failed (unknown remote outcome). Errors are reported to

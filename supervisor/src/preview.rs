@@ -32,9 +32,13 @@ pub const UI_MIME: &str = "text/html;profile=mcp-app";
 pub const UI_URI: &str = "ui://snowluma-mcp/preview-message.html";
 
 /// The longest `text` a draft may hold, in Unicode characters. QQ splits or
-/// refuses far shorter messages in practice; the cap keeps a draft, its
-/// `invoke_action` arguments and the panel's rendering bounded (at most
-/// 40 KB of UTF-8) while leaving room for any real chat message.
+/// refuses far shorter messages in practice; the cap keeps the text at most
+/// 40 KB of UTF-8 while leaving room for any real chat message. The answer
+/// carries it six times (draft, `text`, send arguments, each in
+/// `structuredContent` and in the text block's JSON), so it stays under
+/// 400 KB: 392 KB when every character is a control character (JSON's
+/// six-byte `\u00XX`, seven once escaped again), the measured worst case
+/// the README states (`tests/tests/preview.rs` holds it to that).
 pub const MAX_TEXT_CHARS: usize = 10_000;
 /// JavaScript's largest safe integer, 2^53 − 1: ids above it lose precision
 /// in the clients (and the panel) that read them as doubles.
@@ -176,8 +180,10 @@ pub fn parse(args: &Value) -> Result<Draft, ToolReply> {
         Some(Value::String(s)) => s,
         Some(_) => return Err(invalid("text must be a string")),
     };
-    if text.trim().is_empty() {
-        return Err(invalid("text must contain something to send (it is empty or only whitespace)"));
+    if !text.chars().any(visible) {
+        return Err(invalid(
+            "text must contain something to send (it is empty, or only whitespace or invisible characters)",
+        ));
     }
     let chars = text.chars().count();
     if chars > MAX_TEXT_CHARS {
@@ -192,6 +198,35 @@ pub fn parse(args: &Value) -> Result<Draft, ToolReply> {
         })?),
     };
     Ok(Draft { group, target_id, text: text.clone(), reply_to })
+}
+
+/// Whether `c` shows anything by itself. Not: whitespace; control and
+/// format characters (NUL, zero-width space U+200B, the byte order mark
+/// U+FEFF, direction marks such as U+200F and the bidirectional controls,
+/// tag characters); combining marks, which have nothing to combine with in
+/// a text made only of them; separators and surrogates; and the few letters
+/// and symbols that render as blank (the Hangul fillers, the blank Braille
+/// pattern). A text of only such characters would send a message that
+/// looks empty, so it is refused like whitespace-only text.
+fn visible(c: char) -> bool {
+    use unicode_general_category::{GeneralCategory as G, get_general_category};
+    if c.is_whitespace() || matches!(c, '\u{115F}' | '\u{1160}' | '\u{3164}' | '\u{FFA0}' | '\u{2800}') {
+        return false;
+    }
+    match get_general_category(c) {
+        G::Control
+        | G::Format
+        | G::Surrogate
+        | G::SpaceSeparator
+        | G::LineSeparator
+        | G::ParagraphSeparator
+        | G::NonspacingMark
+        | G::SpacingMark
+        | G::EnclosingMark => false,
+        // Unassigned tag and variation-selector space is ignorable too.
+        G::Unassigned => !('\u{E0000}'..='\u{E0FFF}').contains(&c),
+        _ => true,
+    }
 }
 
 impl Draft {
@@ -370,6 +405,21 @@ mod tests {
         }
         for bad in [json!(""), json!("  \n"), json!(5)] {
             assert!(err(with("text", bad)).contains("text"));
+        }
+        // Only invisible characters: refused like whitespace.
+        for bad in [
+            "\u{200B}",
+            "\u{FEFF}",
+            "\u{200F}",
+            "\0",
+            "\u{301}",
+            "\u{200B}\u{FEFF} \u{200F}\0\u{301}\u{2066}\u{E0041}\u{3164}",
+        ] {
+            assert!(err(with("text", json!(bad))).contains("invisible"), "{bad:?}");
+        }
+        // Anything visible among them makes a message (even one mark on it).
+        for good in ["\u{200B}x", "e\u{301}", "\u{FEFF}字", "😀", "\u{200F}שלום", "·"] {
+            ok(with("text", json!(good)));
         }
         ok(with("text", json!("字".repeat(MAX_TEXT_CHARS))));
         assert!(err(with("text", json!("a".repeat(MAX_TEXT_CHARS + 1)))).contains("10001 characters"));

@@ -1138,9 +1138,20 @@ impl ServerHandler for SnowlumaServer {
         &self,
         requested: &rmcp::model::SubscriptionFilter,
     ) -> Option<rmcp::model::SubscriptionFilter> {
-        // rmcp intersects this with the advertised capabilities (resource
-        // subscriptions only when events are configured).
-        self.events.as_ref().map(|_| requested.clone())
+        // rmcp intersects this with the request and the advertised
+        // capabilities (resource subscriptions only when events are
+        // configured). Of the resources, only this session's live event
+        // resources are accepted: a URI it cannot read (unknown, released,
+        // another session's, or no event resource at all) is left out of
+        // the acknowledgement, so the client is never told it will hear of
+        // it. A resource created later needs a new listen.
+        let hub = self.events.as_ref()?;
+        let mut accepted = requested.clone();
+        if let Some(uris) = &requested.resource_subscriptions {
+            let live: std::collections::HashSet<String> = hub.list().into_iter().map(|(uri, _)| uri).collect();
+            accepted.resource_subscriptions = Some(uris.iter().filter(|u| live.contains(*u)).cloned().collect());
+        }
+        Some(accepted)
     }
 
     async fn listen(&self, ctx: rmcp::service::SubscriptionContext) -> Result<(), McpError> {

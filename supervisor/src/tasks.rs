@@ -74,6 +74,9 @@ impl TaskError {
 
 pub struct TaskService {
     store: Arc<WorkerSlot>,
+    /// The principal this session's tasks belong to (the task-store worker
+    /// shows the session only that principal's records).
+    owner: Option<String>,
     running: Mutex<HashMap<String, CancellationToken>>,
     /// The last progress of each running transfer (memory only).
     progress: Mutex<HashMap<String, snowluma_proto::Progress>>,
@@ -103,9 +106,10 @@ impl Drop for Running {
 }
 
 impl TaskService {
-    pub fn new(store: Arc<WorkerSlot>) -> Arc<TaskService> {
+    pub fn new(store: Arc<WorkerSlot>, owner: Option<String>) -> Arc<TaskService> {
         Arc::new(TaskService {
             store,
+            owner,
             running: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
             idle: tokio::sync::watch::channel(0).0,
@@ -199,6 +203,7 @@ impl TaskService {
             created_at: now.clone(),
             last_updated_at: now,
             action: action.to_owned(),
+            owner: self.owner.clone(),
             progress: None,
             result: None,
             error: None,
@@ -257,6 +262,7 @@ impl TaskService {
     fn handle_json(&self, mut record: Value) -> Value {
         if let Some(o) = record.as_object_mut() {
             o.remove("version");
+            o.remove("owner");
             o.remove("result");
             o.remove("error");
             o.insert("ttlMs".into(), Value::Null);

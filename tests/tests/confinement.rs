@@ -46,6 +46,7 @@ fn doctor_blocks_every_escape_probe_for_every_role() {
             "udp-send",
             "unix-connect",
             "packet-socket",
+            "set-dumpable",
         ] {
             assert!(names.contains(&must), "{} lacks the {must} probe", r["role"]);
         }
@@ -71,6 +72,9 @@ fn a_probe_that_makes_a_forbidden_syscall_is_killed_by_sigsys() {
         ("tasks", "new-socket"),
         ("tasks", "exec-shell"),
         ("http-front", "exec-shell"),
+        ("catalog", "set-dumpable"),
+        ("supervisor", "set-dumpable"),
+        ("http-front", "set-dumpable"),
     ] {
         let out = Command::new(bin_path())
             .args(["__snowluma-probe", role, probe, "ports=9"])
@@ -78,6 +82,40 @@ fn a_probe_that_makes_a_forbidden_syscall_is_killed_by_sigsys() {
             .bounded_output()
             .unwrap();
         assert_eq!(out.status.signal(), Some(nix::libc::SIGSYS), "{role} {probe}: {:?}", out.status);
+    }
+}
+
+/// The spawner's filter is a deny-list (its workers are exec'ed under it),
+/// yet it refuses every prctl option it and its workers' startup do not
+/// use: above all `PR_SET_DUMPABLE` 1, which would undo the non-dumpable
+/// state doctor reports. Refused with EACCES, not killed, like its other
+/// refusals; the workers it starts still name themselves, drop their
+/// capabilities and set themselves non-dumpable under it.
+#[test]
+fn the_spawner_cannot_make_itself_dumpable_again() {
+    let out = Command::new(bin_path())
+        .args(["__snowluma-probe", "spawner", "set-dumpable", "ports=9"])
+        .env_clear()
+        .bounded_output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "blocked: {stdout}");
+    let outcome: Value = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|v| v.get("outcome").cloned())
+        .unwrap_or_else(|| panic!("no outcome: {stdout}"));
+    assert_eq!(outcome["escaped"], false, "{outcome}");
+    assert!(outcome["error"].as_str().unwrap().contains("EACCES"), "{outcome}");
+    // Under the same filter, a session's workers start and serve.
+    let fake = Fake::start(None);
+    let url = fake.fake.url();
+    let mut s = Mcp::spawn(&[("SNOWLUMA_MCP_ENDPOINT", url.as_str())]);
+    s.initialize("2025-11-25");
+    assert!(!is_error(&s.call("query_action", json!({"action": "get_status"}))));
+    let spawner = spawner_pid(&s);
+    for pid in [spawner, s.wait_worker("catalog"), s.wait_worker("network")] {
+        assert_eq!(status_field(pid, "Seccomp"), "2");
     }
 }
 

@@ -207,6 +207,57 @@ fn modern_listen_notify_cancel() {
     no_actions(&st);
 }
 
+/// `subscriptions/listen` acknowledges only the URIs this session can read:
+/// its live event resources. An unknown or released event URI, the
+/// catalog's resources and a foreign URI are left out of the
+/// acknowledgement (and get no updates); a listen naming none of its
+/// resources is acknowledged without any.
+#[test]
+fn listen_acknowledges_only_the_sessions_live_resources() {
+    let st = setup();
+    let mut s = spawn(&st, &[]);
+    let sub = |s: &mut Mcp| {
+        let r = s.call_modern("subscribe_events", json!({"self_id": SELF_ID}), json!({}));
+        assert!(!is_error(&r), "{r}");
+        structured(&r)["result"]["uri"].as_str().unwrap().to_owned()
+    };
+    let live = sub(&mut s);
+    let released = sub(&mut s);
+    let r = s.call_modern("unsubscribe_events", json!({"uri": released}), json!({}));
+    assert!(!is_error(&r), "{r}");
+    let requested = json!([
+        "snowluma://onebot/events/ffffffffffffffffffffffffffffffff",
+        released,
+        live,
+        "snowluma://onebot/actions",
+        "snowluma://onebot/actions/send_group_msg",
+        "file:///etc/passwd",
+    ]);
+    let listen = s.send_request(
+        "subscriptions/listen",
+        json!({"notifications": {"resourceSubscriptions": requested}, "_meta": modern_meta()}),
+    );
+    let ack = s.wait_notification("notifications/subscriptions/acknowledged", |_| true);
+    assert_eq!(ack["params"]["notifications"]["resourceSubscriptions"], json!([live]), "{ack}");
+    st.ev.send(&private_message(SELF_ID, 30001, "hello"));
+    let n = s.wait_notification("notifications/resources/updated", |m| m["params"]["uri"] == live.as_str());
+    assert_eq!(n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], listen, "{n}");
+    s.notify("notifications/cancelled", json!({"requestId": listen}));
+
+    // Nothing this session can read: acknowledged with no resource at all.
+    let other = s.send_request(
+        "subscriptions/listen",
+        json!({"notifications": {"resourceSubscriptions": [released, "snowluma://onebot/actions"]}, "_meta": modern_meta()}),
+    );
+    let ack = s.wait_notification("notifications/subscriptions/acknowledged", |m| {
+        m["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == other
+    });
+    let acked = &ack["params"]["notifications"]["resourceSubscriptions"];
+    assert!(acked.is_null() || *acked == json!([]), "{ack}");
+    s.notify("notifications/cancelled", json!({"requestId": other}));
+    no_actions(&st);
+}
+
 /// Type, group and user filters (AND), message_sent as message, and
 /// argument checks.
 #[test]
@@ -350,7 +401,7 @@ fn mismatch_stops_and_release_allows_a_new_connection() {
     no_actions(&st);
 }
 
-/// Garbage, oversize frames and a server-side close each end the
+/// Garbage, a binary frame, oversize frames and a server-side close each end the
 /// connection, visibly, without reconnecting.
 #[test]
 fn malformed_oversize_and_server_close_are_surfaced() {
@@ -361,6 +412,7 @@ fn malformed_oversize_and_server_close_are_surfaced() {
         ("non-object", 1, "malformed"),
         ("oversize", 2, "256"),
         ("server close", 3, "closed"),
+        ("binary frame", 4, "binary frame"),
     ] {
         let uri = subscribe_uri(&mut s, json!({"self_id": SELF_ID}));
         match inject {
@@ -370,14 +422,17 @@ fn malformed_oversize_and_server_close_are_surfaced() {
                 "{{\"self_id\":{SELF_ID},\"post_type\":\"notice\",\"pad\":\"{}\"}}",
                 "y".repeat(300 * 1024)
             )),
+            // A valid event's JSON, but in a binary frame: not an event.
+            4 => st.ev.send_binary(group_message(SELF_ID, 20001, 30001, "binary").to_string().as_bytes()),
             _ => st.ev.close_all(),
         };
         let v = wait_state(&mut s, &uri, "stopped");
         assert!(v["status"]["reason"].as_str().unwrap().contains(needle), "{what}: {v}");
+        assert_eq!(v["events"], json!([]), "{what}: nothing buffered");
         wait_until("the socket is closed", || (st.ev.open() == 0).then_some(()));
         assert!(!is_error(&s.call("unsubscribe_events", json!({"uri": uri}))));
     }
-    assert_eq!(st.ev.accepted(), 4, "no silent reconnect");
+    assert_eq!(st.ev.accepted(), 5, "no silent reconnect");
     no_actions(&st);
 }
 

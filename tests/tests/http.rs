@@ -1508,27 +1508,91 @@ fn a_background_transfer_outlives_its_connection_and_its_tree() {
 }
 
 /// A revoked token's tree is killed 10 s after the revocation, background
-/// transfers included: another token's tree then reads the task as failed
-/// with an unknown remote outcome, and nothing is sent again.
+/// transfers included. The next tree to take the lease (another token's)
+/// fails the unfinished record with an unknown remote outcome, without
+/// seeing it (it is alice's); once alice's token is back, her new tree
+/// reads the task as failed, and nothing was sent again.
 #[test]
 fn a_revoked_tokens_tree_is_killed_with_its_transfer_which_reads_unknown() {
     let t = task_server("tasks-revoked", &[]);
     t.fake.fake.set_fault("download_file_stream", snowluma_fake::Fault::Hang);
     let id = t.start_task(None, ALICE, task_download("never.bin"));
     wait_until("the download reaches SnowLuma", || (t.actions_sent("download_file_stream") == 1).then_some(()));
+    let sighup =
+        || nix::sys::signal::kill(nix::unistd::Pid::from_raw(t.s.child.id() as i32), nix::sys::signal::SIGHUP).unwrap();
     write_private(&t.dir.join("tokens"), &format!("bob:{BOB}\n"));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(t.s.child.id() as i32), nix::sys::signal::SIGHUP).unwrap();
+    sighup();
     wait_until("the revoked token's tree is killed", || {
         t.s.stderr_text().contains("its process group was killed").then_some(())
     });
     let r = wait_until("bob's tree gets the lease", || {
         let r = t.tasks(BOB, "tasks/get", json!({"taskId": id}));
+        if r["error"]["message"].as_str().is_some_and(|m| m.contains("lease")) { Err(r.to_string()) } else { Ok(r) }
+    });
+    assert_eq!(r["error"]["code"], -32602, "alice's task is unknown to bob: {r}");
+    // Alice's token back, bob's gone (his tree ends and lets go of the lease).
+    write_private(&t.dir.join("tokens"), &format!("alice:{ALICE}\n"));
+    sighup();
+    let r = wait_until("alice's new tree gets the lease", || {
+        let r = t.tasks(ALICE, "tasks/get", json!({"taskId": id}));
         if r.get("error").is_some() { Err(r.to_string()) } else { Ok(r) }
     });
     let task = &r["result"];
     assert_eq!(task["status"], "failed", "{task}");
     assert!(task["error"]["message"].as_str().unwrap().contains("unknown remote outcome"), "{task}");
     assert_eq!(t.actions_sent("download_file_stream"), 1, "never replayed");
+}
+
+/// The tasks extension binds a task to the authorization that created it:
+/// once alice's tree has idled out (freeing the lease), bob's tree lists
+/// none of her tasks and knows none of their ids (`tasks/get`, `cancel`
+/// and `update` are "unknown task", her result and its file path stay
+/// hers); bob's own task is his; and alice's next tree reads her result
+/// and does not see bob's.
+#[test]
+fn another_tokens_tree_neither_lists_nor_reads_a_task() {
+    let t = task_server("tasks-owner", &["--idle-timeout", "1"]);
+    t.fake.fake.add_file("f.bin", vec![3u8; 100]);
+    let completed = |token: &str, id: &str| {
+        wait_until("the task completes", || {
+            let r = t.tasks(token, "tasks/get", json!({"taskId": id}));
+            (r["result"]["status"] == "completed").then(|| r["result"].clone())
+        })
+    };
+    // A page of `token`'s tasks, once its tree holds the lease.
+    let listed = |token: &str| -> Vec<String> {
+        let r = wait_until("the tree gets the lease", || {
+            let r = t.tool(token, "list_tasks", json!({}));
+            if r["result"]["isError"] == false { Ok(r) } else { Err(r.to_string()) }
+        });
+        let tasks = r["result"]["structuredContent"]["result"]["tasks"].as_array().unwrap().clone();
+        tasks.iter().map(|x| x["taskId"].as_str().unwrap().to_owned()).collect()
+    };
+    let unknown = |token: &str, id: &str| {
+        for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+            let r = t.tasks(token, method, json!({"taskId": id, "inputResponses": {}}));
+            assert_eq!(r["error"]["code"], -32602, "{method}: {r}");
+            assert_eq!(r["error"]["message"], "unknown task", "{method}: {r}");
+        }
+    };
+    let alices = t.start_task(None, ALICE, task_download("f.bin"));
+    let done = completed(ALICE, &alices);
+    assert!(done["result"]["structuredContent"]["result"]["file_path"].is_string(), "{done}");
+
+    assert_eq!(listed(BOB), Vec::<String>::new(), "bob lists none of alice's tasks");
+    unknown(BOB, &alices);
+    let bobs = t.start_task(None, BOB, task_download("f.bin"));
+    completed(BOB, &bobs);
+    assert_eq!(listed(BOB), vec![bobs.clone()]);
+    // Another token of the same person is another principal too.
+    assert_eq!(listed(ALICE2), Vec::<String>::new());
+    unknown(ALICE2, &alices);
+
+    assert_eq!(listed(ALICE), vec![alices.clone()]);
+    let again = completed(ALICE, &alices);
+    assert_eq!(again["result"], done["result"]);
+    unknown(ALICE, &bobs);
+    assert_eq!(t.actions_sent("download_file_stream"), 2);
 }
 
 /// Every tree in write mode runs its own task store on the same directory,

@@ -461,6 +461,42 @@ fn invalid_answers_execute_nothing() {
     assert!(fake.fake.requests().is_empty(), "nothing executed: {:?}", fake.fake.requests());
 }
 
+/// `message` has no typed schema in the catalog (only a description), so
+/// the answer is checked against its catalog type: a OneBot message is a
+/// string, an array of segments or one segment. A number, null, a boolean,
+/// an empty array or a malformed segment is an invalid answer and sends
+/// nothing; the three real shapes are sent as answered.
+#[test]
+fn a_message_answer_must_be_a_onebot_message() {
+    let fake = Fake::start(Some("t0k"));
+    let mut s = modern(&fake, "write", &[]);
+    let caps = elicitation();
+    for answer in [
+        r#"{"message":12345}"#,
+        r#"{"message":null}"#,
+        r#"{"message":false}"#,
+        r#"{"message":[]}"#,
+        r#"{"message":[12345]}"#,
+        r#"{"message":{"text":"Hello"}}"#,
+        r#"{"message":{"type":"text","data":"Hello"}}"#,
+    ] {
+        let (_, state) = input_required(&modern_call(&mut s, INVOKE, &send_args(), &caps));
+        let r = modern_retry(&mut s, INVOKE, &send_args(), &caps, &state, accept(answer));
+        let d = diag(tool_error(&r, "invalid_arguments"));
+        assert!(d["message"].as_str().unwrap().contains("OneBot message"), "{answer}: {r}");
+    }
+    assert!(fake.fake.requests().is_empty(), "nothing executed: {:?}", fake.fake.requests());
+    let segments = json!([{"type": "text", "data": {"text": "Hello"}}]);
+    let one = json!({"type": "face", "data": {"id": "1"}});
+    for message in [json!("Hello"), segments, one] {
+        let answer = json!({"message": message}).to_string();
+        let (_, state) = input_required(&modern_call(&mut s, INVOKE, &send_args(), &caps));
+        sent_ok(&modern_retry(&mut s, INVOKE, &send_args(), &caps, &state, accept(&answer)));
+        let sent = bodies(&fake, "send_group_msg");
+        assert_eq!(sent.last().unwrap()["params"]["message"], message, "{sent:?}");
+    }
+}
+
 #[test]
 fn modern_decline_and_cancel_execute_nothing() {
     let fake = Fake::start(Some("t0k"));

@@ -114,6 +114,15 @@ fn arguments_are_checked() {
         (json!({"message_type": "group", "target_id": 9_007_199_254_740_992_u64, "text": "x"}), "target_id must be"),
         (json!({"message_type": "group", "target_id": "1", "text": "x"}), "target_id must be"),
         (json!({"message_type": "group", "target_id": 1, "text": ""}), "text must contain"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{200B}"}), "invisible characters"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{FEFF}"}), "invisible characters"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{200F}"}), "invisible characters"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\0"}), "invisible characters"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{301}"}), "invisible characters"),
+        (
+            json!({"message_type": "group", "target_id": 1, "text": "\u{200B} \u{FEFF}\n\u{200F}\0\u{301}"}),
+            "invisible characters",
+        ),
         (json!({"message_type": "group", "target_id": 1, "text": long}), "10001 characters"),
         (json!({"message_type": "group", "target_id": 1, "text": "x", "reply_to": 0}), "reply_to must be"),
         (
@@ -131,6 +140,42 @@ fn arguments_are_checked() {
     }
     let ok = s.call("preview_message", json!({"message_type": "group", "target_id": 1, "text": "字".repeat(10_000)}));
     assert!(!is_error(&ok));
+}
+
+/// README ("Message preview"): the answer to a draft of the longest text
+/// stays under 400 KB. The text appears six times (the draft, `text` and
+/// the send arguments, in `structuredContent` and again in the text block,
+/// JSON inside a JSON string), so the worst case is a character that JSON
+/// escapes longest: a control character (`\u0001`, six bytes, seven once
+/// escaped again), about 392 KB; 4-byte characters make about 242 KB.
+#[test]
+fn the_longest_drafts_answer_stays_under_the_documented_bound() {
+    const DOCUMENTED_BOUND: usize = 400_000;
+    let readme = include_str!("../../README.md");
+    let section = &readme[readme.find("### Message preview").unwrap()..];
+    let section = section[..section.find("\n## ").unwrap()].split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(section.contains("the answer, which carries the text six times"), "the README explains the answer's size");
+    assert!(section.contains("stays under 400 KB"), "the README states the bound this test holds");
+    let mut legacy = Mcp::spawn(&[]);
+    legacy.initialize("2025-11-25");
+    let mut modern = Mcp::spawn(&[]);
+    let mut worst = 0;
+    for c in ['\u{1}', '\0', '\u{1f}', '"', '\\', '\n', '\u{1F600}', '\u{2028}', '\u{301}', 'a'] {
+        // A visible first character, then 9 999 of the costly one.
+        let text: String = std::iter::once('x').chain(std::iter::repeat_n(c, 9_999)).collect();
+        let args = json!({"message_type": "group", "target_id": 9_007_199_254_740_991_u64, "text": text, "reply_to": i32::MIN});
+        for (era, s, meta) in [("legacy", &mut legacy, json!({})), ("modern", &mut modern, modern_meta_with(ui_caps()))]
+        {
+            let r = s.request("tools/call", json!({"name": "preview_message", "arguments": args, "_meta": meta}));
+            assert!(!is_error(&r["result"]), "{era} {c:?}: {r}");
+            assert_eq!(structured(&r["result"])["result"]["text"], text.as_str());
+            let bytes = serde_json::to_string(&r).unwrap().len();
+            assert!(bytes <= DOCUMENTED_BOUND, "{era} {c:?}: {bytes} bytes");
+            worst = worst.max(bytes);
+        }
+    }
+    // The documented figure is the measured worst case, not a loose guess.
+    assert!(worst > 380_000, "the worst case shrank to {worst} bytes: update the README");
 }
 
 #[test]

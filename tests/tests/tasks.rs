@@ -3,7 +3,7 @@
 //! and the fake SnowLuma, in raw JSON: no SDK client implements the
 //! extension yet.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
@@ -50,6 +50,31 @@ impl Env {
 
     fn spawn(&self) -> Mcp {
         self.spawn_with("t", &self.task_dir())
+    }
+
+    /// A session started as serve-http's launcher starts a tree for an
+    /// access token (`principal`: `<token id> <peer>`), or a plain stdio
+    /// session (`None`), once it holds the task directory's lease (the
+    /// previous session, killed, may not have let go of it yet).
+    fn spawn_leased(&self, principal: Option<&str>) -> Mcp {
+        wait_until("a new session gets the lease", || {
+            let url = self.fake.fake.url();
+            let sd = self.dir.join("downloads").display().to_string();
+            let td = self.task_dir().display().to_string();
+            let mut env = vec![
+                ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+                ("SNOWLUMA_MCP_TOKEN", "t"),
+                ("SNOWLUMA_MCP_MODE", "write"),
+                ("SNOWLUMA_MCP_STREAM_DIR", sd.as_str()),
+                ("SNOWLUMA_MCP_TASK_DIR", td.as_str()),
+            ];
+            if let Some(p) = principal {
+                env.push(("SNOWLUMA_MCP_INTERNAL_HTTP_PRINCIPAL", p));
+            }
+            let mut s = Mcp::spawn(&env);
+            let r = call_task_tool(&mut s, "list_tasks", json!({}));
+            if r["result"]["isError"] == false { Ok(s) } else { Err(r.to_string()) }
+        })
     }
 }
 
@@ -142,6 +167,32 @@ fn a_background_download_and_upload_complete_with_the_synchronous_shape() {
     // tasks/update: background transfers request no input.
     let r = s.request("tasks/update", with_meta(json!({"taskId": id, "inputResponses": {"x": {}}})));
     assert!(r.get("result").is_some(), "{r}");
+}
+
+/// A task id that is not a string (or none) is invalid params, `-32602`,
+/// like any malformed request params, not "method not found".
+#[test]
+fn a_task_id_that_is_not_a_string_is_invalid_params() {
+    let e = env("badid");
+    let mut s = e.spawn();
+    for (method, params) in [
+        ("tasks/get", json!({"taskId": 5})),
+        ("tasks/get", json!({"taskId": null})),
+        ("tasks/get", json!({})),
+        ("tasks/cancel", json!({"taskId": 5})),
+        ("tasks/cancel", json!({"taskId": {"id": "x"}})),
+        ("tasks/update", json!({"taskId": [1], "inputResponses": {}})),
+    ] {
+        let r = s.request(method, with_meta(params.clone()));
+        assert_eq!(r["error"]["code"], -32602, "{method} {params}: {r}");
+    }
+    // Methods the extension does not have stay unknown.
+    for method in ["tasks/list", "tasks/result"] {
+        let r = s.request(method, with_meta(json!({"taskId": 5})));
+        assert_eq!(r["error"]["code"], -32601, "{method}: {r}");
+    }
+    // The session goes on.
+    assert_eq!(call_task_tool(&mut s, "list_tasks", json!({}))["result"]["isError"], false);
 }
 
 #[test]
@@ -318,6 +369,35 @@ fn corrupt_and_oversized_records_are_errors() {
     assert!(t.contains("exceeds the limit"), "{t}");
 }
 
+/// A FIFO planted under a record's name (`<32 hex>.json`) is reported as
+/// corruption at once, like a directory or a symlink: it does not hang the
+/// task store's open (no writer would ever come), so every task call is
+/// answered, every other tool works, and the session still ends when its
+/// client goes.
+#[test]
+fn a_fifo_under_a_records_name_is_corruption_not_a_hang() {
+    let e = env("fifo");
+    prepared(&e);
+    let id = "0123456789abcdef0123456789abcdef";
+    let fifo = e.task_dir().join(format!("{id}.json"));
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let t = first_error_after_restart(&e);
+    assert!(t.contains("corrupt") && t.contains("FIFO"), "{t}");
+    let mut s = e.spawn();
+    let r = call_task_tool(&mut s, "list_tasks", json!({}));
+    assert!(text(&r["result"]).contains("FIFO"), "{r}");
+    let r = s.request("tasks/get", with_meta(json!({"taskId": id})));
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("corrupt"), "{r}");
+    let r = call_task_tool(&mut s, "invoke_action_background", download_args("x"));
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(!is_error(&s.call_modern("list_categories", json!({}), json!({}))));
+    s.close_stdin();
+    let status = wait_exit(&mut s.child, "the session ends at stdin's end");
+    assert!(status.success(), "{status:?}");
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "never removed or replaced");
+}
+
 #[test]
 fn list_tasks_pages_through_120_tasks() {
     let e = env("list");
@@ -472,4 +552,74 @@ fn a_restarted_task_store_worker_does_not_fail_running_transfers() {
     let t = wait_final(&mut s, &id);
     assert_eq!(t["status"], "completed", "{t}");
     assert_eq!(actions_sent(&e, "download_file_stream"), 1);
+}
+
+/// The ids `list_tasks` lists (one page).
+fn listed(s: &mut Mcp) -> Vec<String> {
+    let r = call_task_tool(s, "list_tasks", json!({}));
+    assert_eq!(r["result"]["isError"], false, "{r}");
+    let tasks = r["result"]["structuredContent"]["result"]["tasks"].as_array().unwrap().clone();
+    assert!(tasks.iter().all(|t| t.get("owner").is_none()), "the owner is not shown: {r}");
+    tasks.iter().map(|t| t["taskId"].as_str().unwrap().to_owned()).collect()
+}
+
+/// `tasks/get`, `tasks/cancel` and `tasks/update` of a task this session
+/// may not see: each the unknown-task error, nothing of the task in it.
+fn unknown_everywhere(s: &mut Mcp, id: &str) {
+    for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+        let r = s.request(method, with_meta(json!({"taskId": id, "inputResponses": {}})));
+        assert_eq!(r["error"]["code"], -32602, "{method}: {r}");
+        assert_eq!(r["error"]["message"], "unknown task", "{method}: {r}");
+    }
+}
+
+/// Tasks belong to the principal whose session created them. A stdio
+/// session's belong to no access token: a restart of the same
+/// configuration reads them, as before. A session serve-http starts for an
+/// access token (the launcher names the token's id in the session's
+/// environment) sees only that token's tasks, and no other session sees
+/// those: not listed, unknown to get, cancel and update (their results hold
+/// file paths and account data).
+#[test]
+fn tasks_are_visible_only_to_the_principal_that_created_them() {
+    let e = env("owner");
+    e.fake.fake.add_file("f.bin", vec![1u8; 100]);
+    let mut s = e.spawn_leased(None);
+    let plain = start(&mut s, download_args("f.bin"));
+    assert_eq!(wait_final(&mut s, &plain)["status"], "completed");
+    drop(s);
+
+    let mut s = e.spawn_leased(Some("alice 127.0.0.1:50312"));
+    assert_eq!(listed(&mut s), Vec::<String>::new(), "alice sees no stdio task");
+    unknown_everywhere(&mut s, &plain);
+    let alices = start(&mut s, download_args("f.bin"));
+    let done = wait_final(&mut s, &alices);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(listed(&mut s), vec![alices.clone()]);
+    drop(s);
+
+    // A restart of the stdio configuration still reads its own result.
+    let mut s = e.spawn_leased(None);
+    assert_eq!(listed(&mut s), vec![plain.clone()]);
+    let t = get(&mut s, &plain);
+    assert_eq!(t["status"], "completed", "{t}");
+    assert!(t["result"]["structuredContent"]["result"]["file_path"].is_string(), "{t}");
+    unknown_everywhere(&mut s, &alices);
+    drop(s);
+
+    // Another token's session sees neither; alice's next session hers.
+    let mut s = e.spawn_leased(Some("bob 127.0.0.1:50313"));
+    assert_eq!(listed(&mut s), Vec::<String>::new());
+    unknown_everywhere(&mut s, &plain);
+    unknown_everywhere(&mut s, &alices);
+    drop(s);
+    let mut s = e.spawn_leased(Some("alice 127.0.0.2:40000"));
+    assert_eq!(listed(&mut s), vec![alices.clone()]);
+    assert_eq!(get(&mut s, &alices)["status"], "completed");
+    unknown_everywhere(&mut s, &plain);
+    // The record says whose it is, the token's id only.
+    let record = std::fs::read_to_string(e.task_dir().join(format!("{alices}.json"))).unwrap();
+    assert!(record.contains("\"owner\":\"http:alice\""), "{record}");
+    let record = std::fs::read_to_string(e.task_dir().join(format!("{plain}.json"))).unwrap();
+    assert!(!record.contains("\"owner\""), "{record}");
 }

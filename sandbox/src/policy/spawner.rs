@@ -56,7 +56,11 @@ pub const SPAWNER_DENY: &[Allow] = &[
 ///   path, no raw or packet socket;
 /// * `socketpair` unless a unix stream or seqpacket pair (the workers' IPC
 ///   and their runtimes' wake-up pairs; a datagram pair could `sendto` a
-///   path).
+///   path);
+/// * `prctl` but the options in [`PRCTL_REFUSED`]'s comment: above all
+///   `PR_SET_DUMPABLE` 1, which would make the spawner (or a worker not
+///   yet under its own allow-list) traceable and core-dumpable again,
+///   although it confined itself non-dumpable.
 pub const SPAWNER_REFUSED: &[Allow] = &[
     any("execve", libc::SYS_execve),
     only(
@@ -87,4 +91,34 @@ pub const SPAWNER_REFUSED: &[Allow] = &[
             sock_type(15),
         ],
     ),
+    only("prctl", libc::SYS_prctl, PRCTL_REFUSED),
+];
+
+/// When a `prctl(2)` call is refused: any option but the five the spawner
+/// and its workers use before each worker's own allow-list takes over
+/// (measured with `strace -f -e trace=prctl` over a write-mode session with
+/// every worker, and over `doctor`), and two of those with any but the
+/// argument they are used with:
+///
+/// * `PR_SET_NAME`: workers name themselves and their threads (`prepare`,
+///   std's thread names);
+/// * `PR_SET_DUMPABLE` with 0 only: every process sets itself non-dumpable
+///   (`harden`); 1 would undo it;
+/// * `PR_SET_NO_NEW_PRIVS`: `harden`, and Landlock's and seccompiler's own
+///   calls (the flag is already set and cannot be cleared);
+/// * `PR_CAPBSET_DROP`: `drop_capabilities` (dropping only shrinks the set);
+/// * `PR_CAP_AMBIENT` with `PR_CAP_AMBIENT_CLEAR_ALL` only (raising an
+///   ambient capability is refused).
+///
+/// `PR_SET_PDEATHSIG` is set by the spawner before its filter exists.
+pub const PRCTL_REFUSED: &[&[Cmp]] = &[
+    &[
+        Cmp::Ne(0, libc::PR_SET_NAME as u64),
+        Cmp::Ne(0, libc::PR_SET_DUMPABLE as u64),
+        Cmp::Ne(0, libc::PR_SET_NO_NEW_PRIVS as u64),
+        Cmp::Ne(0, libc::PR_CAPBSET_DROP as u64),
+        Cmp::Ne(0, libc::PR_CAP_AMBIENT as u64),
+    ],
+    &[Cmp::Eq(0, libc::PR_SET_DUMPABLE as u64), Cmp::Ne(1, 0)],
+    &[Cmp::Eq(0, libc::PR_CAP_AMBIENT as u64), Cmp::Ne(1, libc::PR_CAP_AMBIENT_CLEAR_ALL as u64)],
 ];

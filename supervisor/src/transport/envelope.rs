@@ -15,7 +15,7 @@ const MODERN_FROM: &str = "2026-07-28";
 
 /// MCP request methods this server knows; a request for one of them that
 /// rmcp could not type is a params error, not an unknown method.
-const KNOWN_METHODS: [&str; 13] = [
+const KNOWN_METHODS: [&str; 16] = [
     "initialize",
     "ping",
     "server/discover",
@@ -29,6 +29,11 @@ const KNOWN_METHODS: [&str; 13] = [
     "subscriptions/listen",
     "prompts/list",
     "completion/complete",
+    // The tasks extension's methods (a `taskId` that is not a string is
+    // invalid params; whether tasks are offered is decided after parsing).
+    "tasks/get",
+    "tasks/cancel",
+    "tasks/update",
 ];
 
 /// Request methods the 2026-07-28 revision removed: a modern request for

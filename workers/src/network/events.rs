@@ -9,8 +9,8 @@
 //! (pong, close): no event operation can execute an action.
 //!
 //! The connection stops, with a reason the supervisor shows in every event
-//! resource's status, on: a frame over [`MAX_EVENT_FRAME_BYTES`], a message
-//! that is not a JSON object, an event whose `self_id` is not the account
+//! resource's status, on: a frame over [`MAX_EVENT_FRAME_BYTES`], a binary
+//! message, a text message that is not a JSON object, an event whose `self_id` is not the account
 //! subscribed to, the server closing or failing. It is never reopened here.
 
 use std::sync::Arc;
@@ -151,10 +151,11 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
             None => break "the events endpoint closed the connection".to_owned(),
             Some(Err(e)) => break format!("the event connection failed: {}", error_text(&e)),
             Some(Ok(Message::Text(t))) => t.as_str().to_owned(),
-            Some(Ok(Message::Binary(b))) => match String::from_utf8(b.to_vec()) {
-                Ok(t) => t,
-                Err(_) => break stop(&mut ws, "malformed event: a binary frame that is not UTF-8 text").await,
-            },
+            // OneBot sends events as text frames; a binary message is not
+            // one, whatever its bytes.
+            Some(Ok(Message::Binary(_))) => {
+                break stop(&mut ws, "malformed event: a binary frame (events are text frames)").await;
+            }
             Some(Ok(Message::Close(frame))) => {
                 break match frame {
                     Some(f) => format!(

@@ -10,11 +10,20 @@
 //! missing lease is not final: every request tries to take it again, so a
 //! runtime that started while another held it (under `serve-http`, another
 //! session's tree) gets the task tools once that one has ended.
+//!
+//! Every record belongs to the principal of the session that created it
+//! (`owner`, the serve-http access token's id; none for a stdio session),
+//! given in the worker's configuration. A session sees only its own
+//! principal's records: another's are unknown (`NotFound`) and not listed,
+//! and it can neither create nor replace one in another's name. The
+//! restart pass alone spans every owner: whichever session holds the lease
+//! fails every unfinished record, since only a runtime that has gone can
+//! have left one.
 
 pub mod store;
 
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use snowluma_proto::{JsonText, Reply, Request, TASKS_DIR_FD, TasksReply, TasksRequest, WorkerConfig, WorkerError};
 
@@ -24,6 +33,8 @@ use store::{StoreError, TaskRecord, TaskStore};
 pub struct TasksWorker {
     dir: Mutex<Option<OwnedFd>>,
     state: Mutex<Option<State>>,
+    /// The principal this session's tasks belong to (set once, at configure).
+    owner: OnceLock<Option<String>>,
 }
 
 /// The store once configured.
@@ -54,7 +65,11 @@ impl State {
 impl TasksWorker {
     /// Claims the inherited directory descriptor. Call once, at startup.
     pub fn from_inherited() -> TasksWorker {
-        TasksWorker { dir: Mutex::new(store::inherited_dir(TASKS_DIR_FD)), state: Mutex::new(None) }
+        TasksWorker {
+            dir: Mutex::new(store::inherited_dir(TASKS_DIR_FD)),
+            state: Mutex::new(None),
+            owner: OnceLock::new(),
+        }
     }
 
     /// The open store, taking the lease first if another runtime held it
@@ -85,19 +100,30 @@ impl TasksWorker {
         }
     }
 
-    fn serve(store: &TaskStore, req: TasksRequest) -> TasksReply {
+    fn serve(store: &TaskStore, owner: Option<&str>, req: TasksRequest) -> TasksReply {
+        // A record to write must name this session's principal.
         let parse = |text: &JsonText| -> Result<TaskRecord, StoreError> {
-            serde_json::from_str(&text.0)
-                .map_err(|e| StoreError::Corrupt { what: "the record to write", reason: e.to_string() })
+            let r: TaskRecord = serde_json::from_str(&text.0)
+                .map_err(|e| StoreError::Corrupt { what: "the record to write", reason: e.to_string() })?;
+            if r.owner.as_deref() != owner {
+                return Err(StoreError::Corrupt {
+                    what: "the record to write",
+                    reason: "it names another principal than this session's".into(),
+                });
+            }
+            Ok(r)
         };
+        // Another principal's record is unknown to this session.
+        let own = |r: TaskRecord| if r.owner.as_deref() == owner { Ok(r) } else { Err(StoreError::NotFound) };
         let result = match req {
             TasksRequest::Create { record } => {
                 parse(&record).and_then(|r| store.put(&r, true)).map(|()| TasksReply::Written)
             }
             TasksRequest::Update { record } => parse(&record)
                 .and_then(|r| {
-                    // Only an existing record is replaced, and never a finished one.
-                    let old = store.get(&r.task_id)?;
+                    // Only an existing record of this principal is
+                    // replaced, and never a finished one.
+                    let old = own(store.get(&r.task_id)?)?;
                     if old.status.is_terminal() {
                         return Err(StoreError::Exists);
                     }
@@ -113,13 +139,13 @@ impl TasksWorker {
                 }
                 TasksReply::Recovered { failed: failed as u64 }
             }),
-            TasksRequest::Get { task_id } => store.get(&task_id).and_then(|r| {
+            TasksRequest::Get { task_id } => store.get(&task_id).and_then(own).and_then(|r| {
                 serde_json::to_value(&r)
                     .map(|v| TasksReply::Record(JsonText::from_value(&v)))
                     .map_err(|e| StoreError::Corrupt { what: "a task record", reason: e.to_string() })
             }),
             TasksRequest::List { cursor, limit } => {
-                store.list(cursor.as_deref(), limit.clamp(1, 100) as usize).and_then(|page| {
+                store.list(cursor.as_deref(), limit.clamp(1, 100) as usize, owner).and_then(|page| {
                     serde_json::to_value(&page.tasks)
                         .map(|v| TasksReply::Page { tasks: JsonText::from_value(&v), next_cursor: page.next_cursor })
                         .map_err(|e| StoreError::Corrupt { what: "a task record", reason: e.to_string() })
@@ -136,7 +162,7 @@ impl TasksWorker {
 
 impl RoleHandler for TasksWorker {
     fn configure(&self, config: WorkerConfig) -> Result<(), String> {
-        let WorkerConfig::Tasks { config_digest } = config else {
+        let WorkerConfig::Tasks { config_digest, owner } = config else {
             return Err("the task-store worker needs a tasks configuration".into());
         };
         let dir = self
@@ -147,6 +173,9 @@ impl RoleHandler for TasksWorker {
             .ok_or_else(|| "no task directory descriptor".to_owned())?;
         let mut state = self.state.lock().map_err(|_| "the task store is unavailable".to_owned())?;
         if state.is_some() {
+            return Err("already configured".into());
+        }
+        if self.owner.set(owner).is_err() {
             return Err("already configured".into());
         }
         let opened = State::opening(dir, config_digest);
@@ -164,8 +193,9 @@ impl RoleHandler for TasksWorker {
         let Request::Tasks(req) = request else {
             return Reply::Error(WorkerError::Unsupported);
         };
+        let owner = self.owner.get().and_then(Option::as_deref);
         Reply::Tasks(match self.store() {
-            Ok(store) => Self::serve(&store, req),
+            Ok(store) => Self::serve(&store, owner, req),
             Err(reason) => TasksReply::Refused { reason },
         })
     }

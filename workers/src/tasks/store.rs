@@ -102,12 +102,29 @@ impl std::fmt::Debug for TaskStore {
     }
 }
 
+/// What a file type is called in a corruption report.
+fn kind_name(mode: nix::libc::mode_t) -> &'static str {
+    match mode & nix::libc::S_IFMT {
+        nix::libc::S_IFREG => "a regular file",
+        nix::libc::S_IFDIR => "a directory",
+        nix::libc::S_IFLNK => "a symbolic link",
+        nix::libc::S_IFIFO => "a FIFO",
+        nix::libc::S_IFSOCK => "a socket",
+        nix::libc::S_IFCHR | nix::libc::S_IFBLK => "a device",
+        _ => "an unknown file type",
+    }
+}
+
+fn wrong_type(what: &'static str, mode: nix::libc::mode_t) -> StoreError {
+    StoreError::Corrupt { what, reason: format!("not the expected file type ({})", kind_name(mode)) }
+}
+
 fn check_private(fd: BorrowedFd<'_>, what: &'static str, dir: bool) -> Result<u64, StoreError> {
     let st = nix::sys::stat::fstat(fd).map_err(nix_io("stat"))?;
     let kind = st.st_mode & nix::libc::S_IFMT;
     let want = if dir { nix::libc::S_IFDIR } else { nix::libc::S_IFREG };
     if kind != want {
-        return Err(StoreError::Corrupt { what, reason: "not the expected file type".into() });
+        return Err(wrong_type(what, st.st_mode));
     }
     if st.st_mode & 0o077 != 0 || st.st_uid != nix::unistd::geteuid().as_raw() {
         return Err(StoreError::Permissions { what });
@@ -115,9 +132,15 @@ fn check_private(fd: BorrowedFd<'_>, what: &'static str, dir: bool) -> Result<u6
     Ok(st.st_size as u64)
 }
 
+/// Open `name` beneath the directory without following a symbolic link
+/// (`ELOOP`), without waiting (`O_NONBLOCK`: a FIFO planted under a
+/// record's name would otherwise block the open until a writer came, and
+/// with it every task request and the session's end) and without taking a
+/// terminal as the controlling one. The caller checks the type on the
+/// opened descriptor; on a regular file `O_NONBLOCK` changes nothing.
 fn openat(dir: BorrowedFd<'_>, name: &str, flags: OFlag, mode: u32) -> nix::Result<File> {
-    let fd =
-        nix::fcntl::openat(dir, name, flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW, Mode::from_bits_truncate(mode))?;
+    let flags = flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+    let fd = nix::fcntl::openat(dir, name, flags, Mode::from_bits_truncate(mode))?;
     Ok(File::from(fd))
 }
 
@@ -248,10 +271,21 @@ impl TaskStore {
         Ok(ids)
     }
 
+    /// Read a record: only a regular file (checked by name first, so that
+    /// no FIFO, device or socket is even opened, then again on the opened
+    /// descriptor, which is what is read). Anything else is corruption.
     fn read_file(&self, name: &str, what: &'static str) -> Result<Vec<u8>, StoreError> {
+        match nix::sys::stat::fstatat(self.dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG => {}
+            Ok(st) => return Err(wrong_type(what, st.st_mode)),
+            Err(nix::Error::ENOENT) => return Err(StoreError::NotFound),
+            Err(e) => return Err(nix_io("stat record")(e)),
+        }
         let mut file = match openat(self.dir.as_fd(), name, OFlag::O_RDONLY, 0) {
             Ok(f) => f,
             Err(nix::Error::ENOENT) => return Err(StoreError::NotFound),
+            // Replaced by a symbolic link since the check above.
+            Err(nix::Error::ELOOP) => return Err(wrong_type(what, nix::libc::S_IFLNK)),
             Err(e) => return Err(nix_io("open record")(e)),
         };
         let size = check_private(file.as_fd(), what, false)?;
@@ -320,12 +354,17 @@ impl TaskStore {
         nix::unistd::fsync(self.dir.as_fd()).map_err(nix_io("sync directory"))
     }
 
-    /// Task metadata (no results or errors) ordered by creation, `limit`
-    /// per page; the cursor is the last id of the previous page.
-    pub fn list(&self, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {
+    /// The metadata (no results or errors) of `owner`'s tasks, ordered by
+    /// creation, `limit` per page; the cursor is the last id of the
+    /// previous page. Every record is read and validated, another owner's
+    /// included: a corrupt record is reported, never skipped.
+    pub fn list(&self, cursor: Option<&str>, limit: usize, owner: Option<&str>) -> Result<Page, StoreError> {
         let mut all = Vec::new();
         for id in self.record_ids()? {
             let mut r = self.get(&id)?;
+            if r.owner.as_deref() != owner {
+                continue;
+            }
             r.result = None;
             r.error = None;
             all.push(r);
@@ -385,6 +424,7 @@ mod tests {
             created_at: at.into(),
             last_updated_at: at.into(),
             action: "download_file_stream".into(),
+            owner: None,
             progress: None,
             result: Some(serde_json::json!({"ok": true})),
             error: None,
@@ -486,7 +526,7 @@ mod tests {
         std::fs::write(&path, b"{not json").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(matches!(store.get(&bad), Err(StoreError::Corrupt { .. })));
-        assert!(matches!(store.list(None, 50), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(store.list(None, 50, None), Err(StoreError::Corrupt { .. })));
         // Not recreated or removed.
         assert_eq!(std::fs::read(&path).unwrap(), b"{not json");
 
@@ -505,6 +545,26 @@ mod tests {
 
         // A corrupt record also stops a restart: it is never skipped.
         assert!(matches!(open(&p, 1), Err(StoreError::TooLarge { .. })));
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_a_directory_or_a_symlink_under_a_records_name_is_corruption_at_once() {
+        let p = tempdir("types");
+        let (store, _) = open(&p, 1).unwrap();
+        let fifo = new_task_id();
+        nix::unistd::mkfifo(&p.join(format!("{fifo}.json")), Mode::from_bits_truncate(0o600)).unwrap();
+        let e = store.get(&fifo).unwrap_err();
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        assert!(matches!(store.list(None, 50, None), Err(StoreError::Corrupt { .. })));
+        std::fs::remove_file(p.join(format!("{fifo}.json"))).unwrap();
+        let dir = new_task_id();
+        std::fs::DirBuilder::new().mode(0o700).create(p.join(format!("{dir}.json"))).unwrap();
+        assert!(store.get(&dir).unwrap_err().to_string().contains("a directory"));
+        let link = new_task_id();
+        std::os::unix::fs::symlink("/etc/passwd", p.join(format!("{link}.json"))).unwrap();
+        assert!(store.get(&link).unwrap_err().to_string().contains("a symbolic link"));
+        drop(store);
         std::fs::remove_dir_all(&p).unwrap();
     }
 
@@ -528,7 +588,7 @@ mod tests {
         let mut cursor = None;
         let mut pages = 0;
         loop {
-            let page = store.list(cursor.as_deref(), 50).unwrap();
+            let page = store.list(cursor.as_deref(), 50, None).unwrap();
             pages += 1;
             assert!(page.tasks.iter().all(|t| t.result.is_none() && t.error.is_none()));
             seen.extend(page.tasks.into_iter().map(|t| t.created_at));
