@@ -109,21 +109,15 @@ pub fn check_answer(
         "decline" => {
             return Err((
                 ToolReply::error(
-                    Diagnostics::failed(
-                        FailureKind::Cancelled,
-                        "the user declined to provide the missing parameters; nothing was executed",
-                    )
-                    .with_next_step("Ask the user, or call the tool again with complete params."),
+                    Diagnostics::failed(FailureKind::Cancelled, "用户拒绝（declined）提供缺少的参数；未执行任何操作。")
+                        .with_next_step("Ask the user, or call the tool again with complete params."),
                 ),
                 "input_declined",
             ));
         }
         _ => {
             return Err((
-                ToolReply::error(Diagnostics::failed(
-                    FailureKind::Cancelled,
-                    "the input request was cancelled; nothing was executed",
-                )),
+                ToolReply::error(Diagnostics::failed(FailureKind::Cancelled, "输入请求已取消；未执行任何操作。")),
                 "input_cancelled",
             ));
         }
@@ -131,30 +125,27 @@ pub fn check_answer(
     let text = content
         .and_then(|c| c.get(FORM_FIELD))
         .and_then(Value::as_str)
-        .ok_or_else(|| (invalid(format!("the answer has no {FORM_FIELD} string")), "input_invalid"))?;
+        .ok_or_else(|| (invalid(format!("回答中没有 {FORM_FIELD} 字符串。")), "input_invalid"))?;
     let parsed: Value = serde_json::from_str(text)
-        .map_err(|e| (invalid(format!("{FORM_FIELD} is not valid JSON: {e}")), "input_invalid"))?;
+        .map_err(|e| (invalid(format!("{FORM_FIELD} 不是有效的 JSON：{e}")), "input_invalid"))?;
     let Value::Object(fields) = parsed else {
-        return Err((invalid(format!("{FORM_FIELD} must be a JSON object")), "input_invalid"));
+        return Err((invalid(format!("{FORM_FIELD} 必须是 JSON 对象。")), "input_invalid"));
     };
     let props = action.doc.get("inputSchema").and_then(|s| s.get("properties"));
     for (k, v) in &fields {
         if provided.get(k).is_some() {
-            return Err((
-                invalid(format!("the answer may not change {k}, which the call already provides")),
-                "input_invalid",
-            ));
+            return Err((invalid(format!("回答不能修改调用中已提供的 {k}。")), "input_invalid"));
         }
         if !missing.iter().any(|m| m == k) {
             return Err((
-                invalid(format!("the answer has a field that was not asked for: {}", snowluma_catalog::echo(k))),
+                invalid(format!("回答包含未被询问的字段: {}", snowluma_catalog::json_echo(k))),
                 "input_invalid",
             ));
         }
         if let Some(schema) = props.and_then(|p| p.get(k)) {
             let errors = snowluma_catalog::schema::validate(schema, v);
             if let Some(first) = errors.first() {
-                return Err((invalid(format!("{k} does not match its schema: {first}")), "input_invalid"));
+                return Err((invalid(format!("{k} 不符合其 schema：{first}")), "input_invalid"));
             }
         }
         // The catalog's schema for a OneBot message has no type (it is a
@@ -185,8 +176,8 @@ fn param_type<'a>(action: &'a Action, name: &str) -> Option<&'a str> {
 /// non-empty string `type` and, if present, an object `data`. The error
 /// completes "<field> …".
 fn onebot_message(v: &Value) -> Result<(), String> {
-    const SHAPE: &str = "must be a OneBot message: a string, an array of segments or one segment \
-        ({\"type\": \"text\", \"data\": {\"text\": \"…\"}})";
+    const SHAPE: &str = "必须是 OneBot message：字符串、消息段数组或单个消息段 \
+        （{\"type\": \"text\", \"data\": {\"text\": \"…\"}}）";
     let segment = |s: &Value| {
         s.as_object().is_some_and(|o| {
             o.get("type").and_then(Value::as_str).is_some_and(|t| !t.is_empty())
@@ -244,7 +235,7 @@ pub fn too_many() -> ToolReply {
     ToolReply::error(
         Diagnostics::failed(
             FailureKind::Execution,
-            format!("too many input requests are waiting for an answer (at most {MAX_PENDING}); nothing was executed"),
+            format!("等待回答的输入请求过多（最多 {MAX_PENDING} 个）；未执行任何操作。"),
         )
         .with_next_step("Answer or abandon earlier input requests, or call the original tool with complete params."),
     )
@@ -353,7 +344,7 @@ pub fn no_form_support(tool: &str, missing: &[String]) -> ToolReply {
         Diagnostics::failed(
             FailureKind::InvalidArguments,
             format!(
-                "params lacks {} and this client cannot answer an input form; nothing was executed",
+                "params 缺少 {}，而此客户端不支持输入表单（form elicitation）；未执行任何操作。",
                 missing.join(", ")
             ),
         )
@@ -404,10 +395,10 @@ mod tests {
             check_answer(a, &provided, &m, "accept", Some(&json!({"params_json": "{\"message\":\"hi\"}"}))).unwrap();
         assert_eq!(ok.get("message"), Some(&json!("hi")));
         for (answer, reason) in [
-            ("{\"message\":", "not valid JSON"),
-            ("[1]", "JSON object"),
-            ("{\"message\":\"hi\",\"x\":1}", "not asked for"),
-            ("{\"group_id\":2}", "already provides"),
+            ("{\"message\":", "不是有效的 JSON"),
+            ("[1]", "JSON 对象"),
+            ("{\"message\":\"hi\",\"x\":1}", "未被询问的字段"),
+            ("{\"group_id\":2}", "已提供的 group_id"),
         ] {
             let (r, why) = check_answer(a, &provided, &m, "accept", Some(&json!({"params_json": answer}))).unwrap_err();
             assert_eq!(why, "input_invalid");

@@ -158,44 +158,44 @@ fn invalid(message: impl Into<String>) -> ToolReply {
 /// Parse and check `preview_message`'s arguments.
 pub fn parse(args: &Value) -> Result<Draft, ToolReply> {
     let Some(obj) = args.as_object() else {
-        return Err(invalid("the arguments must be a JSON object"));
+        return Err(invalid("参数必须是 JSON 对象（object）。"));
     };
     if let Some(extra) = obj.keys().find(|k| !["message_type", "target_id", "text", "reply_to"].contains(&k.as_str())) {
-        return Err(invalid(format!("unknown argument {}", snowluma_catalog::echo(extra))));
+        return Err(invalid(format!("未知参数: {}", snowluma_catalog::json_echo(extra))));
     }
     let group = match obj.get("message_type") {
         Some(Value::String(t)) if t == "group" => true,
         Some(Value::String(t)) if t == "private" => false,
-        None => return Err(invalid("message_type is required (\"group\" or \"private\")")),
-        Some(_) => return Err(invalid("message_type must be \"group\" or \"private\"")),
+        None => return Err(invalid("缺少 message_type（\"group\" 或 \"private\"）。")),
+        Some(_) => return Err(invalid("message_type 必须是 \"group\" 或 \"private\"。")),
     };
     let target_id = match obj.get("target_id") {
-        None => return Err(invalid("target_id is required")),
-        Some(v) => v.as_u64().filter(|n| (1..=MAX_SAFE_INTEGER).contains(n)).ok_or_else(|| {
-            invalid(format!("target_id must be an integer from 1 to {MAX_SAFE_INTEGER} (a group or user number)"))
-        })?,
+        None => return Err(invalid("缺少 target_id。")),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| (1..=MAX_SAFE_INTEGER).contains(n))
+            .ok_or_else(|| invalid(format!("target_id 必须是 1 到 {MAX_SAFE_INTEGER} 之间的整数（群号或 QQ 号）。")))?,
     };
     let text = match obj.get("text") {
-        None => return Err(invalid("text is required")),
+        None => return Err(invalid("缺少 text。")),
         Some(Value::String(s)) => s,
-        Some(_) => return Err(invalid("text must be a string")),
+        Some(_) => return Err(invalid("text 必须是字符串。")),
     };
     if !text.chars().any(visible) {
-        return Err(invalid(
-            "text must contain something to send (it is empty, or only whitespace or invisible characters)",
-        ));
+        return Err(invalid("text 没有可发送的内容（为空，或只有空白或不可见字符）。"));
     }
     let chars = text.chars().count();
     if chars > MAX_TEXT_CHARS {
-        return Err(invalid(format!(
-            "text has {chars} characters; a draft holds at most {MAX_TEXT_CHARS} (split the message)"
-        )));
+        return Err(invalid(format!("text 有 {chars} 个字符；草稿最多 {MAX_TEXT_CHARS} 个字符（请拆分消息）。")));
     }
     let reply_to = match obj.get("reply_to") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| *n != 0).ok_or_else(|| {
-            invalid("reply_to must be a non-zero signed 32-bit message id (from a message event or send result)")
-        })?),
+        Some(v) => Some(
+            v.as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .filter(|n| *n != 0)
+                .ok_or_else(|| invalid("reply_to 必须是非零的 32 位有符号 message_id（来自消息事件或发送结果）。"))?,
+        ),
     };
     Ok(Draft { group, target_id, text: text.clone(), reply_to })
 }
@@ -399,7 +399,7 @@ mod tests {
         };
         assert!(err(json!([])).contains("object"));
         assert!(err(with("message_type", json!("channel"))).contains("message_type"));
-        assert!(err(json!({"target_id": 1, "text": "x"})).contains("message_type is required"));
+        assert!(err(json!({"target_id": 1, "text": "x"})).contains("缺少 message_type"));
         for bad in [json!(0), json!(-1), json!(1.5), json!("20001"), json!(9007199254740992_u64)] {
             assert!(err(with("target_id", bad)).contains("target_id"));
         }
@@ -415,20 +415,20 @@ mod tests {
             "\u{301}",
             "\u{200B}\u{FEFF} \u{200F}\0\u{301}\u{2066}\u{E0041}\u{3164}",
         ] {
-            assert!(err(with("text", json!(bad))).contains("invisible"), "{bad:?}");
+            assert!(err(with("text", json!(bad))).contains("不可见字符"), "{bad:?}");
         }
         // Anything visible among them makes a message (even one mark on it).
         for good in ["\u{200B}x", "e\u{301}", "\u{FEFF}字", "😀", "\u{200F}שלום", "·"] {
             ok(with("text", json!(good)));
         }
         ok(with("text", json!("字".repeat(MAX_TEXT_CHARS))));
-        assert!(err(with("text", json!("a".repeat(MAX_TEXT_CHARS + 1)))).contains("10001 characters"));
+        assert!(err(with("text", json!("a".repeat(MAX_TEXT_CHARS + 1)))).contains("10001 个字符"));
         for bad in [json!(0), json!(2147483648_i64), json!(-2147483649_i64), json!("5"), json!(1.0)] {
             assert!(err(with("reply_to", bad)).contains("reply_to"));
         }
         assert_eq!(ok(with("reply_to", json!(i32::MIN))).reply_to, Some(i32::MIN));
         assert_eq!(ok(with("reply_to", Value::Null)).reply_to, None);
-        assert!(err(with("extra", json!(1))).contains("unknown argument \"extra\""));
+        assert!(err(with("extra", json!(1))).contains("未知参数: \"extra\""));
     }
 
     #[test]

@@ -102,9 +102,7 @@ pub(crate) fn tool_reply(worker: &str, r: Result<Reply, CallError>, write: bool)
     match r {
         Ok(Reply::Tool(t)) => t,
         Ok(Reply::Error(WorkerError::ReplyTooLarge { bytes, limit })) => {
-            let message = format!(
-                "the result ({bytes} bytes) is larger than the {limit}-byte limit between this server's processes, so it cannot be passed on"
-            );
+            let message = format!("结果（{bytes} 字节）超过本服务器进程间 {limit} 字节的上限，无法传回。");
             let d = if write {
                 Diagnostics::unknown(FailureKind::InvalidResponse, message)
                     .with_next_step("The action may have run: check its effect before trying again.")
@@ -218,7 +216,10 @@ impl SnowlumaServer {
         trace: &CallTrace,
     ) -> Result<rmcp::model::CreateTaskResult, ToolReply> {
         let Some(tasks) = &self.tasks else {
-            return Err(ToolReply::fail(FailureKind::Execution, "persistent tasks are not configured".to_owned()));
+            return Err(ToolReply::fail(
+                FailureKind::Execution,
+                "未配置持久任务（需 SNOWLUMA_MCP_TASK_DIR）。".to_owned(),
+            ));
         };
         // Every gate (mode, endpoint, catalog, params, policy) is checked
         // again by exec_call; this one only decides whether a task fits.
@@ -229,7 +230,10 @@ impl SnowlumaServer {
             return Err(ToolReply::error(
                 Diagnostics::failed(
                     FailureKind::InvalidArguments,
-                    format!("{} is not a stream action; background tasks run only catalog stream actions", action.name),
+                    format!(
+                        "{} 不是 Stream Action（not a stream action）；后台任务只运行目录中的 Stream Action。",
+                        action.name
+                    ),
                 )
                 .with_next_step("Use invoke_action for ordinary actions."),
             ));
@@ -243,22 +247,19 @@ impl SnowlumaServer {
             return Err(ToolReply::error(
                 Diagnostics::failed(
                     FailureKind::InvalidArguments,
-                    "a background upload needs execution.input_file (the automatic upload); single chunks go through invoke_action".to_owned(),
+                    "后台上传需要 execution.input_file（自动分块上传）；单个分块请用 invoke_action。".to_owned(),
                 )
                 .with_next_step("Pass execution.input_file with a file inside the upload root."),
             ));
         }
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
-            return Err(ToolReply::fail(FailureKind::Execution, "the server is shutting down".to_owned()));
+            return Err(ToolReply::fail(FailureKind::Execution, "服务器正在关闭。".to_owned()));
         };
         let Some(running) = tasks.reserve() else {
             return Err(ToolReply::error(
                 Diagnostics::failed(
                     FailureKind::Execution,
-                    format!(
-                        "{} background tasks are already running, the most allowed; nothing was started",
-                        crate::tasks::MAX_RUNNING
-                    ),
+                    format!("已有 {} 个后台任务在运行（上限）；本次未启动任何任务。", crate::tasks::MAX_RUNNING),
                 )
                 .with_next_step("Wait for a running task to finish (poll tasks/get), then start this one."),
             ));
@@ -267,11 +268,8 @@ impl SnowlumaServer {
             Ok(r) => r,
             Err(e) => {
                 return Err(ToolReply::error(
-                    Diagnostics::failed(
-                        FailureKind::Execution,
-                        format!("the task could not be recorded, so nothing was started: {e}"),
-                    )
-                    .with_next_step("Use invoke_action, or fix the task directory (SNOWLUMA_MCP_TASK_DIR)."),
+                    Diagnostics::failed(FailureKind::Execution, format!("无法写入任务记录，未启动任何任务：{e}"))
+                        .with_next_step("Use invoke_action, or fix the task directory (SNOWLUMA_MCP_TASK_DIR)."),
                 ));
             }
         };
@@ -448,13 +446,10 @@ impl SnowlumaServer {
             if let Err(e) = log.record(rec).await {
                 tracing::error!(error = %e, "audit intent not written; action refused");
                 return Err(ToolReply::error(
-                    Diagnostics::failed(
-                        FailureKind::AuditFailed,
-                        format!("the audit log could not be written, so the action was not executed: {e}"),
-                    )
-                    .with_next_step(
-                        "The operator must repair SNOWLUMA_MCP_AUDIT_LOG (see `snowluma-mcp audit verify`).",
-                    ),
+                    Diagnostics::failed(FailureKind::AuditFailed, format!("无法写入审计日志，action 未执行：{e}"))
+                        .with_next_step(
+                            "The operator must repair SNOWLUMA_MCP_AUDIT_LOG (see `snowluma-mcp audit verify`).",
+                        ),
                 ));
             }
         }
@@ -683,11 +678,8 @@ impl SnowlumaServer {
                 Err(e) => {
                     self.continuations.release(&slot);
                     return ToolReply::error(
-                        Diagnostics::failed(
-                            FailureKind::Cancelled,
-                            format!("the input request failed: {e}; nothing was executed"),
-                        )
-                        .with_next_step("Call the original tool with complete params."),
+                        Diagnostics::failed(FailureKind::Cancelled, format!("输入请求失败：{e}；未执行任何操作。"))
+                            .with_next_step("Call the original tool with complete params."),
                     );
                 }
             };
@@ -741,7 +733,7 @@ impl SnowlumaServer {
         let cursor = match args.get("cursor") {
             None | Some(Value::Null) => None,
             Some(Value::String(c)) => Some(c.clone()),
-            Some(_) => return ToolReply::fail(FailureKind::InvalidArguments, "cursor must be a string".to_owned()),
+            Some(_) => return ToolReply::fail(FailureKind::InvalidArguments, "cursor 必须是字符串。".to_owned()),
         };
         let limit = match args.get("limit") {
             None | Some(Value::Null) => 50,
@@ -750,7 +742,7 @@ impl SnowlumaServer {
                 _ => {
                     return ToolReply::fail(
                         FailureKind::InvalidArguments,
-                        "limit must be an integer from 1 to 100".to_owned(),
+                        "limit 必须是 1 到 100 之间的整数。".to_owned(),
                     );
                 }
             },
@@ -758,7 +750,7 @@ impl SnowlumaServer {
         if let Some(extra) = args.as_object().and_then(|o| o.keys().find(|k| *k != "cursor" && *k != "limit")) {
             return ToolReply::fail(
                 FailureKind::InvalidArguments,
-                format!("unknown argument {}", snowluma_catalog::echo(extra)),
+                format!("未知参数: {}", snowluma_catalog::json_echo(extra)),
             );
         }
         match tasks.list(cursor, limit).await {
@@ -896,10 +888,7 @@ impl ServerHandler for SnowlumaServer {
         let task_tool = matches!(spec.handler, Handler::Background | Handler::ListTasks);
         if task_tool && (self.tasks.is_none() || !crate::tasks::declared(&ctx)) {
             if self.tasks.is_none() {
-                return Err(McpError::invalid_params(
-                    format!("unknown tool {}: persistent tasks are not configured", spec.name),
-                    None,
-                ));
+                return Err(McpError::invalid_params(format!("未知工具: {}（未配置持久任务）", spec.name), None));
             }
             return Err(crate::tasks::not_declared());
         }
@@ -947,11 +936,14 @@ impl ServerHandler for SnowlumaServer {
                 Handler::RuntimeInfo => self.runtime_info(args, &ctx.ct, &trace).await,
                 Handler::SubscribeEvents | Handler::UnsubscribeEvents => match &self.events {
                     Some(hub) => self.events_call(hub, spec.handler, args).await,
-                    None => ToolReply::fail(FailureKind::NotConfigured, "event resources are not configured"),
+                    None => {
+                        ToolReply::fail(FailureKind::NotConfigured, "未配置实时事件（需 SNOWLUMA_MCP_EVENTS_URL）。")
+                    }
                 },
-                Handler::Background => {
-                    ToolReply::fail(FailureKind::Execution, "background tasks need write mode".to_owned())
-                }
+                Handler::Background => ToolReply::fail(
+                    FailureKind::Execution,
+                    "后台任务需要写模式（SNOWLUMA_MCP_MODE=write）。".to_owned(),
+                ),
                 Handler::ListTasks => self.list_tasks(args).await,
                 Handler::Preview => self.preview(&args),
             }

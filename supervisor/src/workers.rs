@@ -25,13 +25,13 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error, Clone)]
 pub enum CallError {
-    #[error("the {0} worker stopped while handling this call; the call was not retried")]
+    #[error("{0} 工作进程在处理本次调用时退出；本次调用不会重试。")]
     WorkerDied(&'static str),
-    #[error("the {0} worker is not available (it is restarting or failed to start)")]
+    #[error("{0} 工作进程当前不可用（正在重启或未能启动）。")]
     Unavailable(&'static str),
-    #[error("the call was cancelled")]
+    #[error("调用已取消。")]
     Cancelled,
-    #[error("the request ({bytes} bytes) exceeds the {limit}-byte limit between this server's processes")]
+    #[error("请求（{bytes} 字节）超过本服务器进程间 {limit} 字节的上限，未发送。")]
     TooLarge { bytes: usize, limit: usize },
 }
 

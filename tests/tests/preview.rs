@@ -108,28 +108,28 @@ fn arguments_are_checked() {
     s.initialize("2025-11-25");
     let long = "a".repeat(10_001);
     let bad = [
-        (json!({"target_id": 1, "text": "x"}), "message_type is required"),
-        (json!({"message_type": "guild", "target_id": 1, "text": "x"}), "message_type must be"),
-        (json!({"message_type": "group", "target_id": 0, "text": "x"}), "target_id must be"),
-        (json!({"message_type": "group", "target_id": 9_007_199_254_740_992_u64, "text": "x"}), "target_id must be"),
-        (json!({"message_type": "group", "target_id": "1", "text": "x"}), "target_id must be"),
-        (json!({"message_type": "group", "target_id": 1, "text": ""}), "text must contain"),
-        (json!({"message_type": "group", "target_id": 1, "text": "\u{200B}"}), "invisible characters"),
-        (json!({"message_type": "group", "target_id": 1, "text": "\u{FEFF}"}), "invisible characters"),
-        (json!({"message_type": "group", "target_id": 1, "text": "\u{200F}"}), "invisible characters"),
-        (json!({"message_type": "group", "target_id": 1, "text": "\0"}), "invisible characters"),
-        (json!({"message_type": "group", "target_id": 1, "text": "\u{301}"}), "invisible characters"),
+        (json!({"target_id": 1, "text": "x"}), "缺少 message_type"),
+        (json!({"message_type": "guild", "target_id": 1, "text": "x"}), "message_type 必须是"),
+        (json!({"message_type": "group", "target_id": 0, "text": "x"}), "target_id 必须是"),
+        (json!({"message_type": "group", "target_id": 9_007_199_254_740_992_u64, "text": "x"}), "target_id 必须是"),
+        (json!({"message_type": "group", "target_id": "1", "text": "x"}), "target_id 必须是"),
+        (json!({"message_type": "group", "target_id": 1, "text": ""}), "text 没有可发送的内容"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{200B}"}), "不可见字符"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{FEFF}"}), "不可见字符"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{200F}"}), "不可见字符"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\0"}), "不可见字符"),
+        (json!({"message_type": "group", "target_id": 1, "text": "\u{301}"}), "不可见字符"),
         (
             json!({"message_type": "group", "target_id": 1, "text": "\u{200B} \u{FEFF}\n\u{200F}\0\u{301}"}),
-            "invisible characters",
+            "不可见字符",
         ),
-        (json!({"message_type": "group", "target_id": 1, "text": long}), "10001 characters"),
-        (json!({"message_type": "group", "target_id": 1, "text": "x", "reply_to": 0}), "reply_to must be"),
+        (json!({"message_type": "group", "target_id": 1, "text": long}), "10001 个字符"),
+        (json!({"message_type": "group", "target_id": 1, "text": "x", "reply_to": 0}), "reply_to 必须是"),
         (
             json!({"message_type": "group", "target_id": 1, "text": "x", "reply_to": 2_147_483_648_i64}),
-            "reply_to must be",
+            "reply_to 必须是",
         ),
-        (json!({"message_type": "group", "target_id": 1, "text": "x", "send": true}), "unknown argument \"send\""),
+        (json!({"message_type": "group", "target_id": 1, "text": "x", "send": true}), "未知参数: \"send\""),
     ];
     for (args, want) in bad {
         let r = s.call("preview_message", args.clone());

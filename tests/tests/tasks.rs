@@ -244,7 +244,7 @@ fn cancel_both_outcomes_and_the_fifth_task_is_refused() {
     let ids: Vec<String> = (0..4).map(|_| start(&mut s, download_args("f.bin"))).collect();
     let r = call_task_tool(&mut s, "invoke_action_background", download_args("f.bin"));
     assert_eq!(r["result"]["isError"], true, "{r}");
-    assert!(text(&r["result"]).contains("already running"), "{r}");
+    assert!(text(&r["result"]).contains("个后台任务在运行（上限）"), "{r}");
     for id in &ids {
         s.ok("tasks/cancel", with_meta(json!({"taskId": id})));
     }
