@@ -49,17 +49,13 @@ const TYPES: [&str; 3] = ["message", "notice", "request"];
 pub enum EventsError {
     #[error("{0}")]
     InvalidArguments(String),
-    #[error("at most {MAX_RESOURCES} event resources can exist at once; release one with unsubscribe_events first")]
+    #[error("同时最多存在 {MAX_RESOURCES} 个事件资源；请先用 unsubscribe_events 释放一个。")]
     TooMany,
-    #[error(
-        "the event connection is for account {0}; release every existing event resource (unsubscribe_events) before subscribing for another account"
-    )]
+    #[error("事件连接属于账号 {0}；为其他账号订阅前，请先用 unsubscribe_events 释放所有现有事件资源。")]
     OtherAccount(i64),
-    #[error(
-        "the event connection has ended ({0}); it is not reopened automatically: release every existing event resource (unsubscribe_events), then subscribe again"
-    )]
+    #[error("事件连接已结束（{0}），不会自动重连：请先用 unsubscribe_events 释放所有现有事件资源，再重新订阅。")]
     Ended(String),
-    #[error("no such event resource")]
+    #[error("没有这个事件资源。")]
     NotFound,
     #[error("{0}")]
     BadCursor(&'static str),
@@ -88,18 +84,18 @@ fn positive(v: &Value) -> Option<i64> {
 fn id_list(args: &Map<String, Value>, key: &str) -> Result<Option<Vec<i64>>, EventsError> {
     let Some(v) = args.get(key) else { return Ok(None) };
     let bad = |why: &str| EventsError::InvalidArguments(format!("{key} {why}"));
-    let arr = v.as_array().ok_or_else(|| bad("must be an array of positive integers"))?;
+    let arr = v.as_array().ok_or_else(|| bad("必须是正整数数组。"))?;
     if arr.is_empty() {
-        return Err(bad("must not be empty (omit it to accept every id)"));
+        return Err(bad("不能为空（省略它即接受所有 id）。"));
     }
     if arr.len() > MAX_IDS {
-        return Err(bad(&format!("may hold at most {MAX_IDS} ids")));
+        return Err(bad(&format!("最多 {MAX_IDS} 个 id。")));
     }
     let mut ids = Vec::with_capacity(arr.len());
     for x in arr {
-        let n = positive(x).ok_or_else(|| bad("must hold positive integers only"))?;
+        let n = positive(x).ok_or_else(|| bad("只能包含正整数。"))?;
         if ids.contains(&n) {
-            return Err(bad("must hold distinct ids"));
+            return Err(bad("不能包含重复的 id。"));
         }
         ids.push(n);
     }
@@ -110,29 +106,29 @@ fn id_list(args: &Map<String, Value>, key: &str) -> Result<Option<Vec<i64>>, Eve
 impl Subscription {
     pub fn parse(args: &Value) -> Result<Subscription, EventsError> {
         let bad = |m: &str| EventsError::InvalidArguments(m.to_owned());
-        let obj = args.as_object().ok_or_else(|| bad("arguments must be an object"))?;
+        let obj = args.as_object().ok_or_else(|| bad("参数必须是 JSON 对象。"))?;
         if let Some(k) = obj.keys().find(|k| !["self_id", "types", "group_ids", "user_ids"].contains(&k.as_str())) {
-            return Err(EventsError::InvalidArguments(format!("unknown argument {}", snowluma_catalog::echo(k))));
+            return Err(EventsError::InvalidArguments(format!("未知参数: {}", snowluma_catalog::json_echo(k))));
         }
         let self_id = obj
             .get("self_id")
-            .ok_or_else(|| bad("self_id is required: the logged-in account (see get_login_info)"))
-            .and_then(|v| positive(v).ok_or_else(|| bad("self_id must be a positive integer")))?;
+            .ok_or_else(|| bad("缺少 self_id：已登录的机器人账号（见 get_login_info）。"))
+            .and_then(|v| positive(v).ok_or_else(|| bad("self_id 必须是正整数。")))?;
         let types = match obj.get("types") {
             None => [true; 3],
             Some(v) => {
-                let arr = v.as_array().ok_or_else(|| bad("types must be an array"))?;
+                let arr = v.as_array().ok_or_else(|| bad("types 必须是数组。"))?;
                 if arr.is_empty() {
-                    return Err(bad("types must not be empty (omit it for all three)"));
+                    return Err(bad("types 不能为空（省略它即三类都要）。"));
                 }
                 let mut t = [false; 3];
                 for x in arr {
                     let i = x
                         .as_str()
                         .and_then(|s| TYPES.iter().position(|k| *k == s))
-                        .ok_or_else(|| bad("types may hold only \"message\", \"notice\" and \"request\""))?;
+                        .ok_or_else(|| bad("types 只能包含 \"message\"、\"notice\" 与 \"request\"。"))?;
                     if t[i] {
-                        return Err(bad("types must hold distinct values"));
+                        return Err(bad("types 不能包含重复的值。"));
                     }
                     t[i] = true;
                 }

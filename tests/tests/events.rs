@@ -314,7 +314,7 @@ fn filters() {
     }
     // Another account while the connection is open.
     let r = s.call("subscribe_events", json!({"self_id": SELF_ID + 1}));
-    assert!(is_error(&r) && text(&r).contains("release"), "{r}");
+    assert!(is_error(&r) && text(&r).contains("unsubscribe_events"), "{r}");
     no_actions(&st);
 }
 
@@ -390,7 +390,7 @@ fn mismatch_stops_and_release_allows_a_new_connection() {
     assert_eq!(v["status"]["state"], "stopped");
     wait_until("the socket is closed", || (st.ev.open() == 0).then_some(()));
     let r = s.call("subscribe_events", json!({"self_id": SELF_ID}));
-    assert!(is_error(&r) && text(&r).contains("release"), "{r}");
+    assert!(is_error(&r) && text(&r).contains("unsubscribe_events"), "{r}");
     for u in [&a, &b] {
         assert!(!is_error(&s.call("unsubscribe_events", json!({"uri": u}))));
     }
@@ -506,7 +506,7 @@ fn executor_restart_ends_the_connection_visibly() {
     wait_until("the socket is closed", || (ev.open() == 0).then_some(()));
     assert_eq!(ev.accepted(), 1, "no silent reconnect");
     let r = s.call("subscribe_events", json!({"self_id": SELF_ID}));
-    assert!(is_error(&r) && text(&r).contains("release"), "{r}");
+    assert!(is_error(&r) && text(&r).contains("unsubscribe_events"), "{r}");
 }
 
 /// SnowLuma generates separate tokens for its HTTP and WebSocket servers:
