@@ -5,7 +5,7 @@
 //! network, so each gate is unit-tested on its own.
 //!
 //! Order: arguments → mode → endpoint → catalog → read-only (query) →
-//! params → transfer plan (`transfers.rs`) → operator policy → audit
+//! params → transfer plan (`transfers/`) → operator policy → audit
 //! intent → send.
 
 use serde_json::{Value, json};

@@ -13,7 +13,6 @@ mod http1;
 mod network;
 mod serve;
 mod tasks;
-mod transfer;
 pub mod upload_path;
 
 pub use files::openat2_available;

@@ -32,10 +32,10 @@ pub const SUPERVISOR: &[Allow] = &[
     any("fsync", libc::SYS_fsync),
     any("fdatasync", libc::SYS_fdatasync),
     // Audit appends cut the log back to its last complete line: undoing a
-    // failed write (a full disk) and dropping a torn one (audit.rs; the log
+    // failed write (a full disk) and dropping a torn one (audit/append.rs; the log
     // was opened before Landlock, which checks truncation at open).
     any("ftruncate", libc::SYS_ftruncate),
-    // Audit appends overwrite the head file's slots in place (audit.rs).
+    // Audit appends overwrite the head file's slots in place (audit/head.rs).
     any("pwrite64", libc::SYS_pwrite64),
     only("clone", libc::SYS_clone, &[&[Cmp::Masked(0, libc::CLONE_THREAD as u64, libc::CLONE_THREAD as u64)]]),
     any("clone3", libc::SYS_clone3),

@@ -10,7 +10,9 @@
 //!
 //! Parts: [`client`] (the HTTP client and ordinary calls), [`envelope`]
 //! (classifying SnowLuma's answers), [`frames`] (stream framing),
-//! [`streams`] (stream actions), [`errors`] (how failures are reported).
+//! [`streams`] (stream actions), [`transfer`] (file transfers: downloads
+//! into and uploads from descriptors), [`errors`] (how failures are
+//! reported).
 
 mod client;
 mod envelope;
@@ -19,6 +21,7 @@ mod events;
 mod frames;
 mod json_syntax;
 mod streams;
+mod transfer;
 
 use std::os::fd::FromRawFd;
 use std::sync::OnceLock;

@@ -2,7 +2,7 @@
 //! with a connection timeout, the HTTP status, then the body frame by frame
 //! (each read under the idle timeout), every frame numbered from 0 over all
 //! frames received. A download or an automatic upload goes on in
-//! [`crate::transfer`]; anything else is a generic stream: a bounded
+//! [`super::transfer`]; anything else is a generic stream: a bounded
 //! collection of frames ending in a `data.type: "response"` terminal.
 //!
 //! Failures are worded as Node words them (`action X stream frame 5: frame
@@ -90,12 +90,12 @@ pub(super) async fn execute(
     match (req.transfer.clone(), transfer_fd) {
         (Some(Transfer::Download { limit_bytes, .. }), Some(file)) => {
             tokio::select! {
-                r = crate::transfer::download(net, &req, params, file, limit_bytes, ctx) => r,
+                r = super::transfer::download(net, &req, params, file, limit_bytes, ctx) => r,
                 _ = ctx.cancel.cancelled() => cancelled(req.write),
             }
         }
         (Some(Transfer::Upload { size, filename, chunk_bytes, .. }), Some(file)) => {
-            crate::transfer::upload(net, &req, params, file, size, filename, chunk_bytes, ctx).await
+            super::transfer::upload(net, &req, params, file, size, filename, chunk_bytes, ctx).await
         }
         _ if req.file_action == Some(snowluma_proto::FileAction::Download) => {
             let a = &req.action;

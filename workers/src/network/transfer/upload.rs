@@ -188,6 +188,22 @@ async fn upload_inner(
         return Err(at(stage)(fail(format!("input_file size mismatch (expected {size}, read {read})"))));
     }
     let sha = hex(&hasher.finalize());
+    complete(net, req, base, stream_id, total_chunks, size, &sha, filename).await
+}
+
+/// The upload's completion request, and the server's confirmation of size,
+/// hash and `file_path` checked.
+#[allow(clippy::too_many_arguments)]
+async fn complete(
+    net: &Net,
+    req: &ExecRequest,
+    base: &Map<String, Value>,
+    stream_id: &str,
+    total_chunks: u64,
+    size: u64,
+    sha: &str,
+    filename: &str,
+) -> Result<ToolReply, Staged> {
     let stage = "complete upload";
     let body = with_fields(
         base,
@@ -200,11 +216,13 @@ async fn upload_inner(
             "filename": filename,
         }),
     );
-    let completed = generic_exchange(net, req, &body, Bounds::generic(net), |_| {}).await.map_err(at(stage))?;
+    let completed = generic_exchange(net, req, &body, Bounds::generic(net), |_| {})
+        .await
+        .map_err(|failure| Staged { stage: stage.to_owned(), failure })?;
     let terminal = completed.terminal().clone();
     let data = terminal.get("data").filter(|d| d.is_object());
     let field = |k: &str| data.and_then(|d| d.get(k));
-    let unconfirmed = |m: String| at(stage)(ExecFailure::invalid(m));
+    let unconfirmed = |m: String| Staged { stage: stage.to_owned(), failure: ExecFailure::invalid(m) };
     if field("type").and_then(Value::as_str) != Some("response")
         || field("status").and_then(Value::as_str) != Some("file_complete")
     {
@@ -216,7 +234,7 @@ async fn upload_inner(
             js_string(field("file_size"))
         )));
     }
-    if field("sha256").and_then(Value::as_str) != Some(sha.as_str()) {
+    if field("sha256").and_then(Value::as_str) != Some(sha) {
         return Err(unconfirmed(format!(
             "remote sha256 mismatch (expected {sha}, got {})",
             js_string(field("sha256"))
