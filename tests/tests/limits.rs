@@ -1,8 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Bounded work per request and per session: a keyword query has at most
 //! 32 terms; at most 256 requests (and 64 MiB of request text) are in
-//! flight per session, the next ones are read as earlier ones finish; at
-//! most 64 ordinary calls hold a connection to SnowLuma, the others wait.
+//! flight per session, the next ones wait for a place (stdin is still
+//! read); at most 64 ordinary calls hold a connection to SnowLuma, the
+//! others wait.
 
 use std::time::Duration;
 
@@ -74,37 +75,71 @@ fn connections_to_snowluma_are_capped() {
     assert!(!is_error(&r), "and the executor answers again: {r}");
 }
 
-/// 300 pipelined calls that each take their whole timeout: the server
-/// accepts 256, reads the next message only once one is answered, and
-/// answers everything.
+/// 256 calls in flight (against a SnowLuma that never answers) use the
+/// session's budget: 44 documentation calls after them wait for a place,
+/// in order, while a ping is still read and answered at once; each
+/// cancellation lets the next waiting call start.
 #[test]
 fn requests_in_flight_are_capped_per_session() {
     let fake = Fake::start(None);
     fake.fake.set_fault("get_status", Fault::Hang);
-    let mut s = session(&fake, "read", &[("SNOWLUMA_MCP_TIMEOUT_MS", "1500")]);
-    let ids: Vec<i64> = (0..300).map(|_| send_call(&mut s, "query_action", json!({"action": "get_status"}))).collect();
-    let ping = s.next_id();
-    s.send(&json!({"jsonrpc": "2.0", "id": ping, "method": "ping"}));
-    let mut answered_before_ping = 0;
-    let mut seen = std::collections::BTreeSet::new();
+    let mut s = session(&fake, "read", &[("SNOWLUMA_MCP_TIMEOUT_MS", "600000")]);
+    let hanging: Vec<i64> =
+        (0..256).map(|_| send_call(&mut s, "query_action", json!({"action": "get_status"}))).collect();
+    let waiting: Vec<i64> = (0..44).map(|_| send_call(&mut s, "list_categories", json!({}))).collect();
+    let ping = s.request("ping", json!({}));
+    assert_eq!(ping["result"], json!({}), "the ping is answered although the budget is used: {ping}");
+    let answered = |s: &mut Mcp| {
+        s.notifications_in_backlog("none");
+        s.backlog.iter().filter(|m| m["id"].as_i64().is_some_and(|id| waiting.contains(&id))).count()
+    };
+    assert_eq!(answered(&mut s), 0, "the documentation calls wait: 256 calls are in flight");
+    // One place frees: the waiting calls take it one after another, in the
+    // order they came (each answer frees the place for the next).
+    s.notify("notifications/cancelled", json!({"requestId": hanging[0], "reason": "test"}));
+    let mut order = Vec::new();
     let deadline = std::time::Instant::now() + SAFETY;
-    loop {
+    while order.len() < waiting.len() {
         let m = s.recv_before(deadline);
-        let Some(id) = m["id"].as_i64() else { continue };
-        if id == ping {
-            break;
-        }
-        assert_eq!(m["result"]["structuredContent"]["diagnostics"]["kind"], "timeout");
-        seen.insert(id);
-        answered_before_ping += 1;
-    }
-    assert!(answered_before_ping >= 300 - 255, "the ping was read only after calls finished: {answered_before_ping}");
-    while seen.len() < ids.len() {
-        let m = s.recv_before(deadline);
-        if let Some(id) = m["id"].as_i64() {
-            seen.insert(id);
+        if let Some(id) = m["id"].as_i64().filter(|id| waiting.contains(id)) {
+            assert!(!is_error(&m["result"]), "{m}");
+            order.push(id);
         }
     }
+    assert_eq!(order, waiting, "one place, in order");
+    for id in &hanging[1..] {
+        s.notify("notifications/cancelled", json!({"requestId": id, "reason": "test"}));
+    }
+    fake.fake.clear_fault("get_status");
+    let r = s.call("query_action", json!({"action": "get_status"}));
+    assert!(!is_error(&r), "the session goes on: {r}");
+}
+
+/// With 256 calls in flight and 256 more waiting for a place, a further
+/// request is refused at once (-32000) instead of held; the waiting ones
+/// still run, and are answered before the session ends at stdin's end.
+#[test]
+fn requests_beyond_the_waiting_ones_are_refused() {
+    let fake = Fake::start(None);
+    fake.fake.set_fault("get_status", Fault::Hang);
+    let mut s = session(&fake, "read", &[("SNOWLUMA_MCP_TIMEOUT_MS", "600000")]);
+    let hanging: Vec<i64> =
+        (0..256).map(|_| send_call(&mut s, "query_action", json!({"action": "get_status"}))).collect();
+    let waiting: Vec<i64> = (0..256).map(|_| send_call(&mut s, "list_categories", json!({}))).collect();
+    let extra = send_call(&mut s, "list_categories", json!({}));
+    let r = s.wait_for(&json!(extra));
+    assert_eq!(r["error"]["code"], -32000, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("busy"), "{r}");
+    for id in &hanging {
+        s.notify("notifications/cancelled", json!({"requestId": id, "reason": "test"}));
+    }
+    s.close_stdin();
+    for id in &waiting {
+        let r = s.wait_for(&json!(id));
+        assert!(!is_error(&r["result"]), "{r}");
+    }
+    let status = wait_exit(&mut s.child, "the server exits once the waiting calls are answered");
+    assert!(status.success(), "{status:?}");
 }
 
 /// Peak resident memory of a process (VmHWM), in MiB.
