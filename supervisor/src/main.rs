@@ -791,7 +791,7 @@ async fn run(
         },
     );
     let info = serde_json::to_value(server::implementation())?;
-    let transport = transport::LineTransport::stdio(info);
+    let transport = transport::LineTransport::stdio(info, server.audit_enabled());
     let stdout = transport.stdout_state();
     let result = match server.serve(transport).await {
         Ok(running) => {

@@ -36,6 +36,7 @@ use tokio::io::AsyncRead;
 
 use crate::stdio::Output;
 use envelope::Reject;
+pub use fast::RawArguments;
 pub use line::MAX_LINE_BYTES;
 use line::{Line, LineReader, recover_id};
 use session::{Admission, State, Wait};
@@ -50,6 +51,8 @@ pub struct LineTransport {
     out: Arc<Out>,
     state: Arc<Mutex<State>>,
     server_info: Arc<Value>,
+    /// The audit log digests every execution's params (so they are parsed).
+    audit: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +69,7 @@ impl LineTransport {
         output: Output,
         unread: Option<crate::stdio::Unread>,
         server_info: Value,
+        audit: bool,
     ) -> LineTransport {
         LineTransport {
             reader: LineReader::new(input),
@@ -73,15 +77,16 @@ impl LineTransport {
             out: Arc::new(Out::new(output, unread)),
             state: Arc::default(),
             server_info: Arc::new(server_info),
+            audit,
         }
     }
 
     /// stdin/stdout, each direction driven according to what the host gave
     /// us (see [`crate::stdio`]).
-    pub fn stdio(server_info: Value) -> LineTransport {
+    pub fn stdio(server_info: Value, audit: bool) -> LineTransport {
         let io = crate::stdio::open();
         tracing::debug!(stdin = io.in_kind.as_str(), stdout = io.out_kind.as_str(), "stdio");
-        LineTransport::new(io.input, io.output, io.unread, server_info)
+        LineTransport::new(io.input, io.output, io.unread, server_info, audit)
     }
 
     /// Set once stdout has failed: the session ended because the client is
@@ -97,8 +102,9 @@ impl LineTransport {
     fn handle_line(&self, trimmed: &[u8]) -> Option<RxJsonRpcMessage<RoleServer>> {
         // A cheap look at the envelope (method, id, `_meta` version),
         // then the typed parse, straight from the bytes.
-        let parsed = envelope::peek(trimmed).and_then(|peek| envelope::parse(trimmed, &peek).map(|m| (peek, m)));
-        let (peek, msg) = match parsed {
+        let parsed =
+            envelope::peek(trimmed).and_then(|peek| envelope::parse(trimmed, &peek, self.audit).map(|m| (peek, m)));
+        let (peek, (msg, cost)) = match parsed {
             Ok(x) => x,
             Err(Reject::Error { id, code, message }) => {
                 self.out.reply_error(id, code, message);
@@ -110,8 +116,17 @@ impl LineTransport {
                 return None;
             }
         };
+        if let JsonRpcMessage::Request(r) = &msg
+            && let rmcp::model::ClientRequest::CallToolRequest(c) = &r.request
+            && let Some(raw) = c.extensions.get::<RawArguments>()
+        {
+            // Kept out of rmcp's own request lines, so shown here, to
+            // SNOWLUMA_MCP_LOG_PAYLOADS=1 only (the target is not ours, so
+            // capped at info otherwise).
+            tracing::debug!(target: "payloads", tool = %c.params.name, arguments = raw.0.get(), "tools/call arguments");
+        }
         let mut st = self.state.lock().ok()?;
-        match st.admit(&peek, trimmed.len()) {
+        match st.admit(&peek, cost) {
             Admission::Early => {
                 tracing::debug!("dropping a notification or response that arrived before the session started");
                 None

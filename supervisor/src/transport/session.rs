@@ -18,13 +18,14 @@ use super::envelope::Peek;
 /// Most requests in flight at once per session; further ones wait (parked)
 /// until one is answered.
 pub const MAX_IN_FLIGHT: usize = 256;
-/// Most bytes of requests in flight at once per session (the request text;
-/// the parsed form takes a few times that).
+/// Most memory that requests in flight may take at once per session, as
+/// estimated before each is parsed (`envelope::parse`: forwarded text at
+/// its copies, parsed JSON at `VALUE_BYTES` a value).
 pub const MAX_IN_FLIGHT_BYTES: usize = 64 * 1024 * 1024;
 /// Most requests waiting for a place among those in flight, and their
 /// text's size; a request beyond either is answered with an error at once.
 pub const MAX_PARKED: usize = 256;
-pub const MAX_PARKED_BYTES: usize = 16 * 1024 * 1024;
+pub const MAX_PARKED_BYTES: usize = 32 * 1024 * 1024;
 /// The JSON-RPC error of a request beyond [`MAX_PARKED`].
 pub const BUSY: i64 = -32000;
 
@@ -138,7 +139,8 @@ impl State {
         self.asked.remove(&key)
     }
 
-    /// Account for a message about to be handed to rmcp; `len` is its size.
+    /// Account for a message about to be handed to rmcp; `len` is its cost
+    /// (the memory it takes while in flight).
     pub(super) fn admit(&mut self, peek: &Peek, len: usize) -> Admission {
         let is_request = peek.is_request();
         if !self.lifecycle_started {
