@@ -8,9 +8,12 @@
 //! params → transfer plan (`transfers/`) → operator policy → audit
 //! intent → send.
 
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use snowluma_catalog::{Action, Catalog};
-use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
+use snowluma_proto::{Diagnostics, FailureKind, JsonText, ToolReply};
 
 use crate::config::Mode;
 use crate::policy::Policy;
@@ -24,7 +27,7 @@ use crate::tools::Modes;
 pub struct ExecArgs {
     /// The action as the caller wrote it (an alias stays an alias).
     pub action: String,
-    pub params: Option<Value>,
+    pub params: Option<Params>,
     /// `execution` as given (`Some(Null)` when it was `null`).
     execution: Option<Value>,
     /// `execution.input_file`, once [`execution`] accepted it.
@@ -48,7 +51,159 @@ pub fn arguments(args: Value) -> ExecArgs {
         Some(Value::String(s)) => s,
         _ => String::new(),
     };
-    ExecArgs { action, params: m.remove("params"), execution: m.remove("execution"), input_file: None }
+    ExecArgs {
+        action,
+        params: m.remove("params").map(Params::Value),
+        execution: m.remove("execution"),
+        input_file: None,
+    }
+}
+
+/// A tool's arguments as the client's JSON text (an object).
+#[derive(Debug, Clone)]
+pub enum Args {
+    Raw(Arc<RawValue>),
+    Value(Value),
+}
+
+impl From<Value> for Args {
+    fn from(v: Value) -> Args {
+        Args::Value(v)
+    }
+}
+
+impl Args {
+    /// The parsed arguments (for the tools that read them all).
+    pub fn into_value(self) -> Value {
+        match self {
+            Args::Value(v) => v,
+            Args::Raw(raw) => serde_json::from_str(raw.get()).unwrap_or_else(|_| json!({})),
+        }
+    }
+}
+
+/// The arguments of `query_action` / `invoke_action`, read from their text
+/// as [`arguments`] reads a value, except that `params` stays text: the
+/// supervisor forwards it unread. Unknown arguments are skipped unparsed.
+pub fn exec_arguments(args: Args) -> ExecArgs {
+    let raw = match args {
+        Args::Value(v) => return arguments(v),
+        Args::Raw(raw) => raw,
+    };
+    /// A member's text, `null` included (`Option` alone would read `null`
+    /// as absent, and `"execution": null` is refused, unlike no execution).
+    fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+        <&RawValue as serde::Deserialize>::deserialize(d).map(Some)
+    }
+    #[derive(serde::Deserialize)]
+    struct Fields<'a> {
+        #[serde(borrow, default, deserialize_with = "present")]
+        action: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        params: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        execution: Option<&'a RawValue>,
+    }
+    // A duplicate argument (the last one counts, as in a parsed object) is
+    // not this shape: read it as a value.
+    let Ok(f) = serde_json::from_str::<Fields>(raw.get()) else {
+        return arguments(Args::Raw(raw).into_value());
+    };
+    let action = f.action.and_then(|a| serde_json::from_str::<String>(a.get()).ok()).unwrap_or_default();
+    let execution = f.execution.and_then(|e| serde_json::from_str(e.get()).ok());
+    let params = f.params.map(|p| {
+        // `p` borrows from `raw`'s text: its place in it.
+        let start = p.get().as_ptr() as usize - raw.get().as_ptr() as usize;
+        Params::Raw { args: raw.clone(), span: start..start + p.get().len() }
+    });
+    ExecArgs { action, params, execution, input_file: None }
+}
+
+/// `params`: a parsed value, or its place in the arguments' text (forwarded
+/// to the network executor as it came, never parsed here).
+#[derive(Debug, Clone)]
+pub enum Params {
+    Value(Value),
+    Raw { args: Arc<RawValue>, span: std::ops::Range<usize> },
+}
+
+impl Params {
+    /// The text of `params` forwarded unread (`None` for a parsed value).
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Params::Raw { args, span } => args.get().get(span.clone()),
+            Params::Value(_) => None,
+        }
+    }
+
+    fn is_object(&self) -> bool {
+        match self {
+            Params::Value(v) => v.is_object(),
+            Params::Raw { .. } => self.text().is_some_and(|t| t.starts_with('{')),
+        }
+    }
+
+    /// The JSON text sent to the network executor.
+    pub fn json_text(&self) -> JsonText {
+        match (self, self.text()) {
+            (Params::Raw { .. }, Some(t)) => JsonText(t.to_owned()),
+            (Params::Value(v), _) => JsonText::from_value(v),
+            _ => JsonText("{}".to_owned()),
+        }
+    }
+
+    /// The parsed value (an audit digest, input completion).
+    pub fn to_value(&self) -> Value {
+        match self {
+            Params::Value(v) => v.clone(),
+            Params::Raw { .. } => self.text().and_then(|t| serde_json::from_str(t).ok()).unwrap_or_else(|| json!({})),
+        }
+    }
+
+    /// The top-level member `key`, when present: parsed alone, the others
+    /// skipped unread.
+    pub fn get(&self, key: &str) -> Option<Value> {
+        match self {
+            Params::Value(v) => v.get(key).cloned(),
+            Params::Raw { .. } => self.text().and_then(|t| member(t, key, true)).flatten(),
+        }
+    }
+
+    /// Whether the top-level member `key` is present (nothing is parsed).
+    pub fn has(&self, key: &str) -> bool {
+        match self {
+            Params::Value(v) => v.get(key).is_some(),
+            Params::Raw { .. } => self.text().and_then(|t| member(t, key, false)).is_some(),
+        }
+    }
+}
+
+/// Whether the JSON object `text` has a member `key` (`Some`), and, with
+/// `keep`, the last one's value; the other members are skipped unbuilt.
+fn member(text: &str, key: &str, keep: bool) -> Option<Option<Value>> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Find<'k>(&'k str, bool);
+    impl<'de> Visitor<'de> for Find<'_> {
+        type Value = Option<Option<Value>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if k == self.0 && self.1 {
+                    found = Some(Some(map.next_value::<Value>()?));
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                    if k == self.0 {
+                        found = Some(None);
+                    }
+                }
+            }
+            Ok(found)
+        }
+    }
+    serde_json::Deserializer::from_str(text).deserialize_map(Find(key, keep)).ok().flatten()
 }
 
 fn refusal(kind: FailureKind, message: String, next_step: &str) -> ToolReply {
@@ -128,10 +283,10 @@ pub fn execution(args: &mut ExecArgs, action: &Action) -> Result<(), ToolReply> 
 }
 
 /// `params` as Node sends it: the given object, anything else `{}`.
-pub fn params(params: Option<Value>) -> Value {
+pub fn params(params: Option<Params>) -> Params {
     match params {
-        Some(v @ Value::Object(_)) => v,
-        _ => json!({}),
+        Some(p) if p.is_object() => p,
+        _ => Params::Value(json!({})),
     }
 }
 
@@ -258,12 +413,43 @@ mod tests {
 
     #[test]
     fn params_are_an_object_or_empty() {
-        assert_eq!(params(None), json!({}));
-        assert_eq!(params(Some(Value::Null)), json!({}));
-        assert_eq!(params(Some(json!({"a": 1}))), json!({"a": 1}));
+        let of = |v: Option<Value>| params(v.map(Params::Value)).to_value();
+        assert_eq!(of(None), json!({}));
+        assert_eq!(of(Some(Value::Null)), json!({}));
+        assert_eq!(of(Some(json!({"a": 1}))), json!({"a": 1}));
         for odd in [json!([]), json!("x"), json!(42), json!(true)] {
-            assert_eq!(params(Some(odd)), json!({}));
+            assert_eq!(of(Some(odd)), json!({}));
         }
+    }
+
+    /// Arguments read from their text agree with arguments read as a value;
+    /// `params` is forwarded as the very text the client sent.
+    #[test]
+    fn arguments_from_text_read_like_values() {
+        let raw = |t: &str| Args::Raw(Arc::from(RawValue::from_string(t.to_owned()).unwrap()));
+        for text in [
+            r#"{"action":"get_status","params":{"b": [1, 2.50],"a":"x"},"execution":{"input_file":"f"},"junk":[0,0]}"#,
+            r#"{"action":5,"params":[1]}"#,
+            r#"{"params":null}"#,
+            r#"{"action":"x","execution":null}"#,
+            r#"{"execution":[]}"#,
+            r#"{"action":"a","action":"b","params":{"p":1},"params":{"p":2}}"#,
+            r#"{}"#,
+        ] {
+            let value: Value = serde_json::from_str(text).unwrap();
+            let (a, b) = (exec_arguments(raw(text)), arguments(value));
+            assert_eq!(a.action, b.action, "{text}");
+            assert_eq!(a.execution, b.execution, "{text}");
+            let (pa, pb) = (params(a.params), params(b.params));
+            assert_eq!(pa.to_value(), pb.to_value(), "{text}");
+            assert_eq!(pa.get("a"), pb.get("a"), "{text}");
+            assert_eq!(pa.get("p"), pb.get("p"), "{text}");
+            assert_eq!((pa.has("a"), pa.has("zz")), (pb.has("a"), false), "{text}");
+        }
+        let p = params(exec_arguments(raw(r#"{"params":{"b": [1, 2.50],"a":"x","a":"y"}}"#)).params);
+        assert_eq!(p.json_text().0, r#"{"b": [1, 2.50],"a":"x","a":"y"}"#, "the client's text");
+        assert_eq!(p.get("a"), Some(json!("y")), "the last member, as a parsed object keeps");
+        assert_eq!(p.get("c"), None);
     }
 
     #[test]

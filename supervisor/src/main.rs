@@ -9,6 +9,7 @@ mod endpoint;
 mod events;
 mod gates;
 mod http;
+mod logsink;
 mod policy;
 mod preview;
 mod progress;
@@ -43,7 +44,12 @@ use crate::workers::{Attach, ChannelDir, SpawnSpec, WorkerSlot};
 /// is capped at INFO whatever the filter says: rmcp's and the HTTP stack's
 /// debug and trace lines carry message texts, file paths and whatever
 /// SnowLuma answered (a reflected token included).
-pub(crate) fn init_tracing(filter: &str) {
+///
+/// Lines go through [`logsink`], which never waits for a reader (an
+/// unread stderr pipe once stopped the server). Call it while the process
+/// is single-threaded and unconfined; `may_poll`: the process's seccomp
+/// filter allows `poll` (see [`logsink::prepare`]).
+pub(crate) fn init_tracing(filter: &str, may_poll: bool) {
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -56,7 +62,8 @@ pub(crate) fn init_tracing(filter: &str) {
     let cap = tracing_subscriber::filter::filter_fn(move |m| {
         payloads || m.target().starts_with("snowluma") || *m.level() <= tracing::Level::INFO
     });
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false).with_target(false);
+    logsink::prepare(may_poll);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(logsink::Stderr).with_ansi(false).with_target(false);
     let _ = tracing_subscriber::registry().with(filter).with(fmt.with_filter(cap)).try_init();
 }
 
@@ -76,15 +83,17 @@ fn main() -> ExitCode {
     if args.get(1).map(String::as_str) == Some(WORKER_ARG) {
         // Worker mode: still single-threaded here, as confinement requires.
         let Some(role) = args.get(2).and_then(|r| Role::parse(r)) else {
-            eprintln!("snowluma-mcp: unknown worker role");
+            eprintln_nb!("snowluma-mcp: unknown worker role");
             return ExitCode::from(2);
         };
-        init_tracing(args.get(3).map(String::as_str).unwrap_or("info"));
+        // The workers' seccomp filters allow no poll.
+        init_tracing(args.get(3).map(String::as_str).unwrap_or("info"), false);
         return snowluma_workers::worker_main(role, args.get(4..).unwrap_or_default());
     }
     if args.get(1).map(String::as_str) == Some(http::FRONT_ARG) {
         // The HTTP front of `serve-http` (started by its launcher only).
-        init_tracing(args.get(2).map(String::as_str).unwrap_or("info"));
+        // The front's seccomp filter allows no poll.
+        init_tracing(args.get(2).map(String::as_str).unwrap_or("info"), false);
         let unconfined_ok = args.get(3).map(String::as_str) == Some(snowluma_sandbox::UNCONFINED_OK_ARG);
         return http::front::main(unconfined_ok);
     }
@@ -106,18 +115,18 @@ fn main() -> ExitCode {
     let config = match Config::resolve(&cli) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("snowluma-mcp: configuration error: {e}");
+            eprintln_nb!("snowluma-mcp: configuration error: {e}");
             return ExitCode::from(2);
         }
     };
-    init_tracing(&config.worker_log_filter());
+    init_tracing(&config.worker_log_filter(), true);
     if config.log_payloads {
         tracing::warn!(
             "SNOWLUMA_MCP_LOG_PAYLOADS=1: diagnostics at debug and trace may contain message texts, file paths and tokens"
         );
     }
     if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-        eprint!("{TERMINAL_HINT}");
+        logsink::write_line(TERMINAL_HINT.as_bytes());
     }
     for w in &config.warnings {
         tracing::warn!("{w}");
@@ -129,7 +138,7 @@ fn main() -> ExitCode {
     ) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("snowluma-mcp: configuration error: {e}");
+            eprintln_nb!("snowluma-mcp: configuration error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -155,15 +164,15 @@ fn main() -> ExitCode {
             match audit::AuditLog::open(path, &key, principal.clone(), config.mode.as_str()) {
                 Ok(log) => Some(log),
                 Err(e) if e.is_integrity() => {
-                    eprintln!("snowluma-mcp: refusing to start: audit log {}: {e}", path.display());
+                    eprintln_nb!("snowluma-mcp: refusing to start: audit log {}: {e}", path.display());
                     return ExitCode::from(2);
                 }
                 Err(e) if e.is_key() && config.audit_key.is_some() => {
-                    eprintln!("snowluma-mcp: configuration error: SNOWLUMA_MCP_AUDIT_KEY (--audit-key): {e}");
+                    eprintln_nb!("snowluma-mcp: configuration error: SNOWLUMA_MCP_AUDIT_KEY (--audit-key): {e}");
                     return ExitCode::from(2);
                 }
                 Err(e) => {
-                    eprintln!(
+                    eprintln_nb!(
                         "snowluma-mcp: configuration error: SNOWLUMA_MCP_AUDIT_LOG (--audit-log) cannot be used: {e}"
                     );
                     return ExitCode::from(2);
@@ -182,7 +191,7 @@ fn main() -> ExitCode {
     ) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("snowluma-mcp: {e}");
+            eprintln_nb!("snowluma-mcp: {e}");
             return ExitCode::from(2);
         }
     };
@@ -193,7 +202,7 @@ fn main() -> ExitCode {
         match open_transfer_dirs(&config) {
             Ok(d) => Some(d),
             Err(e) => {
-                eprintln!("snowluma-mcp: configuration error: {e}");
+                eprintln_nb!("snowluma-mcp: configuration error: {e}");
                 return ExitCode::from(2);
             }
         }
@@ -214,7 +223,7 @@ fn main() -> ExitCode {
         (Some(dir), Some(_)) => match open_task_dir(dir) {
             Ok(fd) => Some(Arc::new(fd)),
             Err(e) => {
-                eprintln!("snowluma-mcp: configuration error: {e}");
+                eprintln_nb!("snowluma-mcp: configuration error: {e}");
                 return ExitCode::from(2);
             }
         },
@@ -242,7 +251,7 @@ fn main() -> ExitCode {
     let (spawner_sock, spawner_pid) = match spawner::fork(&spawner_grants) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("snowluma-mcp: cannot start the spawner: {e}");
+            eprintln_nb!("snowluma-mcp: cannot start the spawner: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -252,7 +261,7 @@ fn main() -> ExitCode {
     let token = match secret::read_token(cli.token_file.as_deref()) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("snowluma-mcp: configuration error: {e}");
+            eprintln_nb!("snowluma-mcp: configuration error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -286,13 +295,13 @@ fn main() -> ExitCode {
     let supervisor_report = match snowluma_sandbox::confine_supervisor(degraded_ok) {
         Ok(r) => Some(r),
         Err(ConfineError::LandlockWeak(status, _)) => {
-            eprintln!(
+            eprintln_nb!(
                 "snowluma-mcp: the supervisor's Landlock domain is {status}; set {ALLOW_UNCONFINED_VAR}=1 to run anyway"
             );
             return ExitCode::from(2);
         }
         Err(ConfineError::SeccompNotInstalled(e)) if !degraded_ok => {
-            eprintln!("snowluma-mcp: the supervisor cannot install its seccomp filter: {e}");
+            eprintln_nb!("snowluma-mcp: the supervisor cannot install its seccomp filter: {e}");
             return ExitCode::from(2);
         }
         Err(e) if degraded_ok => {
@@ -300,7 +309,7 @@ fn main() -> ExitCode {
             None
         }
         Err(e) => {
-            eprintln!("snowluma-mcp: the supervisor cannot confine itself: {e}");
+            eprintln_nb!("snowluma-mcp: the supervisor cannot confine itself: {e}");
             return ExitCode::from(2);
         }
     };
@@ -355,15 +364,15 @@ fn audit_command(action: &config::AuditCommand, configured_key: Option<&str>) ->
             });
             match audit::verify(path, key) {
                 Ok(report) => {
-                    eprintln!("audit log OK: {report}");
+                    eprintln_nb!("audit log OK: {report}");
                     ExitCode::SUCCESS
                 }
                 Err(e @ audit::VerifyError::Line { .. }) => {
-                    eprintln!("audit log BROKEN at {e}");
+                    eprintln_nb!("audit log BROKEN at {e}");
                     ExitCode::FAILURE
                 }
                 Err(e) => {
-                    eprintln!("audit log BROKEN: {e}");
+                    eprintln_nb!("audit log BROKEN: {e}");
                     ExitCode::FAILURE
                 }
             }
@@ -372,14 +381,14 @@ fn audit_command(action: &config::AuditCommand, configured_key: Option<&str>) ->
             let key = match audit::read_key(&key_file(path, key)) {
                 Ok(k) => k,
                 Err(e) => {
-                    eprintln!("audit log not re-anchored: the key is needed to check the records' MACs: {e}");
+                    eprintln_nb!("audit log not re-anchored: the key is needed to check the records' MACs: {e}");
                     return ExitCode::FAILURE;
                 }
             };
             match audit::reanchor(path, &key) {
                 Ok(r) => {
                     match &r.anchor {
-                        Some(a) => eprintln!(
+                        Some(a) => eprintln_nb!(
                             "audit log re-anchored: {} records, chain intact, MACs valid; {} now anchors record {} ({})",
                             r.records,
                             r.head.display(),
@@ -387,11 +396,14 @@ fn audit_command(action: &config::AuditCommand, configured_key: Option<&str>) ->
                             a.hash
                         ),
                         None => {
-                            eprintln!("audit log re-anchored: the log is empty; {} holds no anchor", r.head.display())
+                            eprintln_nb!(
+                                "audit log re-anchored: the log is empty; {} holds no anchor",
+                                r.head.display()
+                            )
                         }
                     }
                     if r.torn > 0 {
-                        eprintln!(
+                        eprintln_nb!(
                             "note: the log ends with an incomplete line ({} bytes); the server drops it at its next start and records that",
                             r.torn
                         );
@@ -399,18 +411,18 @@ fn audit_command(action: &config::AuditCommand, configured_key: Option<&str>) ->
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("audit log not re-anchored: {e}");
+                    eprintln_nb!("audit log not re-anchored: {e}");
                     ExitCode::FAILURE
                 }
             }
         }
         AuditCommand::Keygen { path } => match audit::keygen(path) {
             Ok(()) => {
-                eprintln!("audit key written to {} (mode 0600)", path.display());
+                eprintln_nb!("audit key written to {} (mode 0600)", path.display());
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("audit key not written: {e}");
+                eprintln_nb!("audit key not written: {e}");
                 ExitCode::FAILURE
             }
         },
@@ -779,7 +791,7 @@ async fn run(
         },
     );
     let info = serde_json::to_value(server::implementation())?;
-    let transport = transport::LineTransport::stdio(info);
+    let transport = transport::LineTransport::stdio(info, server.audit_enabled());
     let stdout = transport.stdout_state();
     let result = match server.serve(transport).await {
         Ok(running) => {

@@ -360,8 +360,14 @@ impl SnowlumaServer {
         self.audit.is_some()
     }
 
-    async fn doc_call(&self, tool: &str, args: Value, cancel: &CancellationToken) -> ToolReply {
-        let req = Request::CatalogTool { tool: tool.to_owned(), args: JsonText::from_value(&args) };
+    /// A documentation tool: its arguments go to the catalog worker as the
+    /// client's text (never parsed here).
+    async fn doc_call(&self, tool: &str, args: gates::Args, cancel: &CancellationToken) -> ToolReply {
+        let args = match args {
+            gates::Args::Raw(raw) => JsonText(raw.get().to_owned()),
+            gates::Args::Value(v) => JsonText::from_value(&v),
+        };
+        let req = Request::CatalogTool { tool: tool.to_owned(), args };
         tool_reply("the catalog worker", self.workers.catalog.call(req, cancel, None).await, false)
     }
 
@@ -370,12 +376,12 @@ impl SnowlumaServer {
     async fn exec_call(
         &self,
         spec: ToolSpec,
-        args: Value,
+        args: impl Into<gates::Args>,
         trace: &CallTrace,
         cancel: &CancellationToken,
         progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
     ) -> ToolReply {
-        match self.execute(spec, args, trace, cancel, progress, None).await {
+        match self.execute(spec, args.into(), trace, cancel, progress, None).await {
             Ok(reply) | Err(reply) => reply,
         }
     }
@@ -390,7 +396,7 @@ impl SnowlumaServer {
         cancel: &CancellationToken,
         task_progress: tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>,
     ) -> ToolReply {
-        match self.execute(spec, args, trace, cancel, None, Some(task_progress)).await {
+        match self.execute(spec, args.into(), trace, cancel, None, Some(task_progress)).await {
             Ok(reply) | Err(reply) => reply,
         }
     }
@@ -398,7 +404,7 @@ impl SnowlumaServer {
     async fn execute(
         &self,
         spec: ToolSpec,
-        args: Value,
+        args: gates::Args,
         trace: &CallTrace,
         cancel: &CancellationToken,
         progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
@@ -409,7 +415,7 @@ impl SnowlumaServer {
         if !spec.modes.contains(self.config.mode) {
             return Err(gates::mode_refusal(spec.modes));
         }
-        let mut args = gates::arguments(args);
+        let mut args = gates::exec_arguments(args);
         let network = gates::endpoint(self.workers.network.as_ref())?;
         let action = gates::catalog_action(self.catalog, &args.action)?;
         gates::read_only(spec.handler.read_only_tool(), action, &args.action)?;
@@ -442,7 +448,8 @@ impl SnowlumaServer {
         }
         // Nothing leaves without its intent record once auditing is on.
         if let Some((log, about)) = &audit {
-            let rec = ActionRecord::Intent { action: about.clone(), params_digest: log.params_digest(&params) };
+            let rec =
+                ActionRecord::Intent { action: about.clone(), params_digest: log.params_digest(&params.to_value()) };
             if let Err(e) = log.record(rec).await {
                 tracing::error!(error = %e, "audit intent not written; action refused");
                 return Err(ToolReply::error(
@@ -456,7 +463,7 @@ impl SnowlumaServer {
         let started = Instant::now();
         let exec = ExecRequest {
             action: args.action.clone(),
-            params: JsonText::from_value(&params),
+            params: params.json_text(),
             stream: action.stream,
             write: !action.read_only,
             trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
@@ -611,7 +618,7 @@ impl SnowlumaServer {
         gates::read_only(spec.handler.read_only_tool(), action, &parsed.action).ok()?;
         gates::execution(&mut parsed, action).ok()?;
         let automatic_upload = parsed.input_file().is_some();
-        let params = gates::params(parsed.params);
+        let params = gates::params(parsed.params).to_value();
         gates::policy(&self.policy, action).ok()?;
         Some((action, params, automatic_upload))
     }
@@ -864,7 +871,7 @@ impl ServerHandler for SnowlumaServer {
 
     async fn call_tool(
         &self,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let started = Instant::now();
@@ -884,7 +891,15 @@ impl ServerHandler for SnowlumaServer {
         if !completes && request.request_state.is_some() {
             return Err(state_error(StateError::Foreign));
         }
-        let args = Value::Object(request.arguments.unwrap_or_default());
+        // The arguments as the client's text when the transport kept them
+        // so (its fast parse); only the tools that read them all parse them.
+        let raw = ctx.extensions.get::<crate::transport::RawArguments>().map(|r| r.0.clone());
+        let text_args = match raw {
+            Some(r) => gates::Args::Raw(r),
+            None => gates::Args::Value(Value::Object(request.arguments.take().unwrap_or_default())),
+        };
+        let forwards = matches!(spec.handler, Handler::Doc | Handler::Query | Handler::Invoke);
+        let args = if forwards { Value::Null } else { text_args.clone().into_value() };
         let task_tool = matches!(spec.handler, Handler::Background | Handler::ListTasks);
         if task_tool && (self.tasks.is_none() || !crate::tasks::declared(&ctx)) {
             if self.tasks.is_none() {
@@ -912,10 +927,10 @@ impl ServerHandler for SnowlumaServer {
             gates::mode_refusal(spec.modes)
         } else {
             match spec.handler {
-                Handler::Doc => self.doc_call(spec.name, args, &ctx.ct).await,
+                Handler::Doc => self.doc_call(spec.name, text_args, &ctx.ct).await,
                 Handler::Query | Handler::Invoke => {
                     let progress = ctx.meta.get_progress_token().map(|t| (ctx.peer.clone(), t));
-                    self.exec_call(spec, args, &trace, &ctx.ct, progress).await
+                    self.exec_call(spec, text_args, &trace, &ctx.ct, progress).await
                 }
                 Handler::QueryWithInput | Handler::InvokeWithInput => {
                     let input = (request.input_responses, request.request_state);

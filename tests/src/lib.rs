@@ -173,7 +173,16 @@ impl Mcp {
     }
 
     /// Spawn `cmd` with piped stdio and speak MCP with it.
-    pub fn spawn_command(mut cmd: Command) -> Mcp {
+    pub fn spawn_command(cmd: Command) -> Mcp {
+        let mut s = Mcp::spawn_command_unread_stderr(cmd);
+        s.read_stderr();
+        s
+    }
+
+    /// [`Mcp::spawn_command`], but nobody reads the server's stderr pipe
+    /// until [`Mcp::read_stderr`] (an MCP host may never read it): once its
+    /// buffer (64 KiB) is full, a blocking write to it waits forever.
+    pub fn spawn_command_unread_stderr(mut cmd: Command) -> Mcp {
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn snowluma-mcp");
         let stdout = child.stdout.take().unwrap();
@@ -187,8 +196,15 @@ impl Mcp {
             }
         });
         let stderr_buf = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let sb = stderr_buf.clone();
-        let stderr = child.stderr.take().unwrap();
+        let stdin = child.stdin.take();
+        Mcp { child, stdin, lines: rx, backlog: VecDeque::new(), stderr: stderr_buf, next_id: 1 }
+    }
+
+    /// Start reading the server's stderr into [`Mcp::stderr`] (at once for
+    /// [`Mcp::spawn_command`]); a no-op once reading.
+    pub fn read_stderr(&mut self) {
+        let Some(stderr) = self.child.stderr.take() else { return };
+        let sb = self.stderr.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
@@ -196,8 +212,6 @@ impl Mcp {
                 sb.lock().unwrap().push('\n');
             }
         });
-        let stdin = child.stdin.take();
-        Mcp { child, stdin, lines: rx, backlog: VecDeque::new(), stderr: stderr_buf, next_id: 1 }
     }
 
     pub fn stderr_text(&self) -> String {

@@ -29,7 +29,7 @@ fn killing_the_catalog_worker_fails_the_call_in_flight_and_the_next_succeeds() {
     let r = &r["result"];
     assert!(is_error(r), "{r}");
     assert_eq!(structured(r)["diagnostics"]["kind"], "worker_unavailable");
-    assert!(text(r).contains("not retried"), "{}", text(r));
+    assert!(text(r).contains("不会重试"), "{}", text(r));
 
     // The supervisor restarted the worker; the next call succeeds.
     let r = s.call("list_categories", json!({}));

@@ -33,7 +33,7 @@ const ENDED_LIMIT: Duration = Duration::from_secs(3600);
 pub const MAX_BODY: usize = 8 * 1024 * 1024;
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("snowluma-mcp: serve-http: {msg}");
+    crate::eprintln_nb!("snowluma-mcp: serve-http: {msg}");
     ExitCode::from(2)
 }
 
@@ -58,12 +58,12 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
     let config = match Config::resolve(cli) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("snowluma-mcp: configuration error: {e}");
+            crate::eprintln_nb!("snowluma-mcp: configuration error: {e}");
             return ExitCode::from(2);
         }
     };
     let filter = config.worker_log_filter();
-    crate::init_tracing(&filter);
+    crate::init_tracing(&filter, true);
     let listen = match options::parse_listen(&opts.listen) {
         Ok(l) => l,
         Err(e) => return fail(e),

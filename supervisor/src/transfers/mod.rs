@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use snowluma_catalog::{Action, FileTransfer};
 use snowluma_proto::{
     Diagnostics, ExecRequest, FailureKind, FilesReply, FilesRequest, Progress, Reply, Request, ToolReply,
@@ -128,7 +127,7 @@ pub fn relative_to_root(input: &str, configured: &Path, canonical: &Path) -> Opt
 pub fn plan(
     service: Option<&TransferService>,
     action: &Action,
-    params: &Value,
+    params: &crate::gates::Params,
     input_file: Option<&str>,
 ) -> Result<Option<Plan>, ToolReply> {
     if let Some(input) = input_file {
@@ -144,7 +143,7 @@ pub fn plan(
         let Some((configured, canonical)) = service.and_then(|s| s.paths.upload_root.as_ref()) else {
             return Err(not_configured_upload(name));
         };
-        let owned: Vec<&str> = MCP_OWNED_UPLOAD_FIELDS.iter().copied().filter(|f| params.get(*f).is_some()).collect();
+        let owned: Vec<&str> = MCP_OWNED_UPLOAD_FIELDS.iter().copied().filter(|f| params.has(f)).collect();
         if !owned.is_empty() {
             return Err(upload_failure(
                 FailureKind::InvalidArguments,
@@ -166,7 +165,7 @@ pub fn plan(
         let Some(rel) = relative_to_root(input, configured, canonical) else {
             return Err(outside_root(name));
         };
-        let filename = params.get("filename").and_then(Value::as_str).map(str::to_owned);
+        let filename = params.get("filename").and_then(|f| f.as_str().map(str::to_owned));
         return Ok(Some(Plan::Upload { rel, filename }));
     }
     if action.transfer == Some(FileTransfer::Download) {

@@ -158,9 +158,101 @@ pub(super) fn peek(line: &[u8]) -> Result<Peek<'_>, Reject> {
     Ok(peek)
 }
 
-/// The typed message of a line whose envelope [`peek`] accepted: the fast
-/// `tools/call` parse, else rmcp's generic one.
-pub(super) fn parse(line: &[u8], peek: &Peek) -> Result<RxJsonRpcMessage<RoleServer>, Reject> {
+/// Memory one parsed JSON value takes, roughly: a serde_json `Value` and its
+/// share of the container around it (an array of zeros: 80 bytes per value
+/// for two bytes of text).
+pub const VALUE_BYTES: usize = std::mem::size_of::<Value>() + 16;
+/// Copies of a forwarded text alive while its call is in flight: the
+/// arguments kept by the transport, the IPC request, its frame.
+const FORWARDED_COPIES: usize = 3;
+/// The most memory one message may take while in flight, estimated before
+/// it is parsed ([`cost_of_text`], [`call_cost`]); a request over it is
+/// refused unparsed (`-32600`).
+pub const MAX_MESSAGE_COST: usize = 32 * 1024 * 1024;
+
+/// How many JSON values `text` holds, counted from its structure (`[`,
+/// `{`, `,` and `:` outside strings): what a parse would build.
+pub(super) fn values(text: &[u8]) -> usize {
+    let (mut n, mut in_string, mut escaped) = (1, false, false);
+    for &b in text {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' | b':' => n += 1,
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
+/// Memory of a message parsed whole into values (rmcp's generic parse also
+/// buffers it once more on the way, hence two).
+fn cost_of_text(text: &[u8]) -> usize {
+    text.len() + 2 * VALUE_BYTES * values(text)
+}
+
+/// What a `tools/call` parsed by the fast path costs while in flight, and
+/// what its parse costs wherever it happens (a message whose parse would
+/// exceed [`MAX_MESSAGE_COST`] in any process is refused). Its arguments
+/// stay text here: a documentation tool forwards them unread (the catalog
+/// worker parses them), and `query_action` / `invoke_action` forward
+/// `params` unread (parsing only the rest, and `params` too when the audit
+/// log digests them); every other tool parses them (and input completion
+/// keeps a copy).
+fn call_cost(msg: &RxJsonRpcMessage<RoleServer>, len: usize, audit: bool) -> (usize, usize) {
+    use crate::gates::{Args, exec_arguments};
+    use crate::tools::Handler;
+    let JsonRpcMessage::Request(r) = msg else { return (len, len) };
+    let rmcp::model::ClientRequest::CallToolRequest(c) = &r.request else { return (len, len) };
+    let Some(raw) = c.extensions.get::<super::RawArguments>() else { return (len, len) };
+    let all = values(raw.0.get().as_bytes());
+    match crate::tools::find(&c.params.name).map(|t| t.handler) {
+        None => (len, len),
+        Some(Handler::Doc) => (FORWARDED_COPIES * len, 2 * VALUE_BYTES * all),
+        Some(Handler::Query | Handler::Invoke) => {
+            let params = exec_arguments(Args::Raw(raw.0.clone())).params;
+            let inside = params.as_ref().and_then(|p| p.text()).map(|t| values(t.as_bytes())).unwrap_or(0);
+            let parsed = if audit { all } else { all.saturating_sub(inside) };
+            let cost = FORWARDED_COPIES * len + 2 * VALUE_BYTES * parsed;
+            (cost, cost)
+        }
+        Some(_) => {
+            let cost = len + 2 * VALUE_BYTES * all;
+            (cost, cost)
+        }
+    }
+}
+
+fn too_large(peek: &Peek, cost: usize) -> Reject {
+    match (peek.is_request(), &peek.id) {
+        (true, Some(id)) => Reject::Error {
+            id: id.clone(),
+            code: -32600,
+            message: format!(
+                "request too large to parse: about {} MiB once parsed, at most {} MiB per message (large data fits in query_action or invoke_action params, which are forwarded unparsed)",
+                cost >> 20,
+                MAX_MESSAGE_COST >> 20
+            ),
+        },
+        _ => Reject::DropLogged("dropping a notification or response too large to parse"),
+    }
+}
+
+/// The typed message of a line whose envelope [`peek`] accepted, and the
+/// memory it takes while in flight (what the session's budget counts):
+/// the fast `tools/call` parse, else rmcp's generic one. A message whose
+/// estimate exceeds [`MAX_MESSAGE_COST`] is refused before it is parsed
+/// (or, a fast-parsed call, before it is handed on). `audit`: the audit log
+/// digests `params`.
+pub(super) fn parse(line: &[u8], peek: &Peek, audit: bool) -> Result<(RxJsonRpcMessage<RoleServer>, usize), Reject> {
     if let (Some(method), Some(id)) = (peek.method.as_deref(), &peek.id)
         && peek.is_modern()
         && REMOVED_IN_MODERN.contains(&method)
@@ -175,9 +267,21 @@ pub(super) fn parse(line: &[u8], peek: &Peek) -> Result<RxJsonRpcMessage<RoleSer
         (Some("tools/call"), Some(_)) => super::fast::parse_call_tool(line),
         _ => None,
     };
-    let parsed = match fast {
-        Some(m) => Ok(m),
-        None => serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(line),
+    let (parsed, cost) = match fast {
+        Some(m) => {
+            let (cost, parse) = call_cost(&m, line.len(), audit);
+            if cost.max(parse) > MAX_MESSAGE_COST {
+                return Err(too_large(peek, cost.max(parse)));
+            }
+            (Ok(m), cost)
+        }
+        None => {
+            let cost = cost_of_text(line);
+            if cost > MAX_MESSAGE_COST {
+                return Err(too_large(peek, cost));
+            }
+            (serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(line), cost)
+        }
     };
     let msg = match parsed {
         Ok(m) => m,
@@ -199,5 +303,63 @@ pub(super) fn parse(line: &[u8], peek: &Peek) -> Result<RxJsonRpcMessage<RoleSer
         let id = peek.id.clone().unwrap_or(Value::Null);
         return Err(Reject::Error { id, code: -32602, message: format!("Invalid params for {}", c.method) });
     }
-    Ok(msg)
+    Ok((msg, cost))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_counted_outside_strings() {
+        assert_eq!(values(b"0"), 1);
+        assert_eq!(values(b"[0,0,0]"), 4);
+        assert_eq!(values(br#"{"a":[1,{"b":null}]}"#), 7);
+        assert_eq!(values(br#"["[,{:\"]"]"#), 2, "brackets and an escaped quote inside a string");
+    }
+
+    /// A request whose parse would take more than the limit is refused
+    /// before it is parsed; forwarded params are counted as text.
+    #[test]
+    fn costs_refuse_large_trees_not_forwarded_text() {
+        let zeros = |n: usize| std::iter::repeat_n("0", n).collect::<Vec<_>>().join(",");
+        let call = |tool: &str, args: String| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
+            )
+        };
+        let cost = |line: &str, audit: bool| {
+            let line = line.as_bytes();
+            let peek = peek(line).unwrap_or_else(|_| panic!("envelope"));
+            match parse(line, &peek, audit) {
+                Ok((_, cost)) => Ok(cost),
+                Err(Reject::Error { code, message, .. }) => Err((code, message)),
+                Err(_) => panic!("dropped"),
+            }
+        };
+        let forwarded =
+            call("query_action", format!(r#"{{"action":"get_status","params":{{"a":[{}]}}}}"#, zeros(1_000_000)));
+        let c = cost(&forwarded, false).unwrap();
+        assert!(c >= forwarded.len() && c < 4 * forwarded.len(), "params are forwarded text: {c}");
+        let (code, message) = cost(&forwarded, true).unwrap_err();
+        assert_eq!(code, -32600, "the audit digest parses params: {message}");
+        let outside = call("query_action", format!(r#"{{"action":"get_status","junk":[{}]}}"#, zeros(1_000_000)));
+        assert!(cost(&outside, false).is_err(), "other arguments are parsed");
+        let doc = call("list_categories", format!(r#"{{"junk":[{}]}}"#, zeros(1_000_000)));
+        assert!(cost(&doc, false).is_err(), "documentation arguments are parsed by the catalog worker");
+        let doc = call("list_categories", format!(r#"{{"junk":"{}"}}"#, "x".repeat(1_000_000)));
+        let c = cost(&doc, false).unwrap();
+        assert!(c >= doc.len() && c < 4 * doc.len(), "and forwarded here as text: {c}");
+        let prompt = call("query_action_with_input", format!(r#"{{"params":{{"a":[{}]}}}}"#, zeros(1_000_000)));
+        assert!(cost(&prompt, false).is_err(), "input completion parses them");
+        let read = format!(
+            r#"{{"jsonrpc":"2.0","id":8,"method":"resources/read","params":{{"uri":"x","junk":[{}]}}}}"#,
+            zeros(1_000_000)
+        );
+        let (code, message) = cost(&read, false).unwrap_err();
+        assert_eq!(code, -32600);
+        assert!(message.contains("too large to parse"), "{message}");
+        let small = call("query_action_with_input", format!(r#"{{"params":{{"a":[{}]}}}}"#, zeros(1000)));
+        assert!(cost(&small, false).is_ok());
+    }
 }

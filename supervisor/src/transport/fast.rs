@@ -94,23 +94,59 @@ pub(super) fn fast_tool_response(
     serde_json::to_vec(&out).ok()
 }
 
+/// A `tools/call`'s `arguments`, kept as the client's JSON text: the
+/// supervisor forwards most of them unread (a documentation tool's to the
+/// catalog worker, `params` to the network executor), and a parsed tree of
+/// them would take many times their size (an array of zeros, 40 times).
+/// Present in the request's extensions instead of rmcp's `arguments`.
+#[derive(Debug, Clone)]
+pub struct RawArguments(pub std::sync::Arc<serde_json::value::RawValue>);
+
 /// `tools/call`, the hot path, parsed straight into its rmcp type. rmcp's
 /// generic message type is an untagged enum that tries each request kind in
 /// turn (buffering the message and building an error for every miss); this
 /// builds the same value directly: `params._meta` moves into the request's
-/// extensions, exactly as rmcp's own parse leaves it. `None` (malformed
+/// extensions, exactly as rmcp's own parse leaves it, and `arguments` (an
+/// object) into them as [`RawArguments`], unparsed. `None` (malformed
 /// params) falls back to the generic parse and its error reporting.
 pub(super) fn parse_call_tool(line: &[u8]) -> Option<RxJsonRpcMessage<RoleServer>> {
+    use serde_json::value::RawValue;
     #[derive(serde::Deserialize)]
-    struct Call {
-        id: rmcp::model::RequestId,
-        params: rmcp::model::CallToolRequestParams,
+    #[serde(rename_all = "camelCase")]
+    struct Params<'a> {
+        #[serde(rename = "_meta", default)]
+        meta: Option<rmcp::model::RequestMetaObject>,
+        name: String,
+        #[serde(borrow, default)]
+        arguments: Option<&'a RawValue>,
+        #[serde(default)]
+        input_responses: Option<rmcp::model::InputResponses>,
+        #[serde(default)]
+        request_state: Option<String>,
     }
-    let Call { id, mut params } = serde_json::from_slice(line).ok()?;
-    let meta = params.meta.take();
+    #[derive(serde::Deserialize)]
+    struct Call<'a> {
+        id: rmcp::model::RequestId,
+        #[serde(borrow)]
+        params: Params<'a>,
+    }
+    let Call { id, params: p } = serde_json::from_slice(line).ok()?;
+    // rmcp's arguments are an object (or absent, or null).
+    let arguments = match p.arguments {
+        Some(raw) if raw.get().starts_with('{') => Some(RawArguments(std::sync::Arc::from(raw.to_owned()))),
+        Some(raw) if raw.get() == "null" => None,
+        None => None,
+        Some(_) => return None,
+    };
+    let mut params = rmcp::model::CallToolRequestParams::new(p.name);
+    params.input_responses = p.input_responses;
+    params.request_state = p.request_state;
     let mut request = rmcp::model::CallToolRequest::new(params);
-    if let Some(meta) = meta {
+    if let Some(meta) = p.meta {
         request.extensions.insert(meta);
+    }
+    if let Some(raw) = arguments {
+        request.extensions.insert(raw);
     }
     Some(JsonRpcMessage::Request(rmcp::model::JsonRpcRequest::new(
         id,
@@ -124,6 +160,19 @@ mod tests {
 
     use super::*;
 
+    /// A parsed `tools/call`'s arguments as rmcp would hold them: from
+    /// [`RawArguments`] in the extensions when the fast parse took them, else
+    /// rmcp's own.
+    fn arguments(
+        params: &rmcp::model::CallToolRequestParams,
+        extensions: &rmcp::model::Extensions,
+    ) -> Option<serde_json::Map<String, Value>> {
+        match extensions.get::<RawArguments>() {
+            Some(raw) => serde_json::from_str(raw.0.get()).ok(),
+            None => params.arguments.clone(),
+        }
+    }
+
     /// The fast `tools/call` parse yields exactly what rmcp's generic parse
     /// does: same request, same params, same `_meta` in the extensions.
     #[test]
@@ -133,9 +182,17 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"query_action","arguments":{"action":"get_status"}}}"#,
             r#"{"jsonrpc":"2.0","id":"a-b","method":"tools/call","params":{"name":"x","arguments":{"n":1.5,"big":18446744073709551615,"s":"\u00e9"},"_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","progressToken":7,"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
             r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"y","requestState":"abc","_meta":{}}}"#,
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"z","arguments":null,"inputResponses":{"a":{"action":"accept"}}}}"#,
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"z","arguments":{"p":{"a":[0,0,{"b":"\"}"}]}}}}"#,
         ] {
-            let fast = parse_call_tool(line.as_bytes()).expect("fast parse");
+            let mut fast = parse_call_tool(line.as_bytes()).expect("fast parse");
             let slow: RxJsonRpcMessage<RoleServer> = serde_json::from_str(line).unwrap();
+            // The arguments, kept as text, parse to exactly rmcp's.
+            if let JsonRpcMessage::Request(r) = &mut fast
+                && let ClientRequest::CallToolRequest(c) = &mut r.request
+            {
+                c.params.arguments = arguments(&c.params, &c.extensions);
+            }
             assert_eq!(serde_json::to_value(&fast).unwrap(), serde_json::to_value(&slow).unwrap(), "{line}");
             let parts = |m: &RxJsonRpcMessage<RoleServer>| match m {
                 JsonRpcMessage::Request(r) => match &r.request {
@@ -152,6 +209,10 @@ mod tests {
         assert!(parse_call_tool(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"x"}"#).is_none());
         assert!(
             parse_call_tool(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#).is_none()
+        );
+        assert!(
+            parse_call_tool(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":[1]}}"#)
+                .is_none()
         );
     }
 

@@ -36,9 +36,10 @@ use tokio::io::AsyncRead;
 
 use crate::stdio::Output;
 use envelope::Reject;
+pub use fast::RawArguments;
 pub use line::MAX_LINE_BYTES;
 use line::{Line, LineReader, recover_id};
-use session::{Admission, State};
+use session::{Admission, State, Wait};
 use writer::Out;
 pub use writer::StdoutState;
 
@@ -50,6 +51,8 @@ pub struct LineTransport {
     out: Arc<Out>,
     state: Arc<Mutex<State>>,
     server_info: Arc<Value>,
+    /// The audit log digests every execution's params (so they are parsed).
+    audit: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +69,7 @@ impl LineTransport {
         output: Output,
         unread: Option<crate::stdio::Unread>,
         server_info: Value,
+        audit: bool,
     ) -> LineTransport {
         LineTransport {
             reader: LineReader::new(input),
@@ -73,21 +77,68 @@ impl LineTransport {
             out: Arc::new(Out::new(output, unread)),
             state: Arc::default(),
             server_info: Arc::new(server_info),
+            audit,
         }
     }
 
     /// stdin/stdout, each direction driven according to what the host gave
     /// us (see [`crate::stdio`]).
-    pub fn stdio(server_info: Value) -> LineTransport {
+    pub fn stdio(server_info: Value, audit: bool) -> LineTransport {
         let io = crate::stdio::open();
         tracing::debug!(stdin = io.in_kind.as_str(), stdout = io.out_kind.as_str(), "stdio");
-        LineTransport::new(io.input, io.output, io.unread, server_info)
+        LineTransport::new(io.input, io.output, io.unread, server_info, audit)
     }
 
     /// Set once stdout has failed: the session ended because the client is
     /// gone, not because it finished.
     pub fn stdout_state(&self) -> StdoutState {
         StdoutState(self.out.clone())
+    }
+}
+
+impl LineTransport {
+    /// One (trimmed, non-empty) input line: its envelope checked, parsed and
+    /// accounted for; `None` when it was answered with an error or dropped.
+    fn handle_line(&self, trimmed: &[u8]) -> Option<RxJsonRpcMessage<RoleServer>> {
+        // A cheap look at the envelope (method, id, `_meta` version),
+        // then the typed parse, straight from the bytes.
+        let parsed =
+            envelope::peek(trimmed).and_then(|peek| envelope::parse(trimmed, &peek, self.audit).map(|m| (peek, m)));
+        let (peek, (msg, cost)) = match parsed {
+            Ok(x) => x,
+            Err(Reject::Error { id, code, message }) => {
+                self.out.reply_error(id, code, message);
+                return None;
+            }
+            Err(Reject::Drop) => return None,
+            Err(Reject::DropLogged(why)) => {
+                tracing::debug!("{why}");
+                return None;
+            }
+        };
+        if let JsonRpcMessage::Request(r) = &msg
+            && let rmcp::model::ClientRequest::CallToolRequest(c) = &r.request
+            && let Some(raw) = c.extensions.get::<RawArguments>()
+        {
+            // Kept out of rmcp's own request lines, so shown here, to
+            // SNOWLUMA_MCP_LOG_PAYLOADS=1 only (the target is not ours, so
+            // capped at info otherwise).
+            tracing::debug!(target: "payloads", tool = %c.params.name, arguments = raw.0.get(), "tools/call arguments");
+        }
+        let mut st = self.state.lock().ok()?;
+        match st.admit(&peek, cost) {
+            Admission::Early => {
+                tracing::debug!("dropping a notification or response that arrived before the session started");
+                None
+            }
+            Admission::Withdrawn => None,
+            Admission::Pass { cancelled } => {
+                if cancelled {
+                    self.out.answered.notify_one();
+                }
+                Some(msg)
+            }
+        }
     }
 }
 
@@ -109,6 +160,15 @@ impl Transport<RoleServer> for LineTransport {
             let id = match &item {
                 JsonRpcMessage::Response(r) => Some(id_key(&r.id)),
                 JsonRpcMessage::Error(e) => e.id.as_ref().map(id_key),
+                JsonRpcMessage::Request(r) => {
+                    // Ours to the client (elicitation): remembered until it
+                    // is answered, so that stdin's end can cancel its call.
+                    if let Ok(mut s) = state.lock() {
+                        s.asking(&r.id);
+                    }
+                    out.answered.notify_one();
+                    None
+                }
                 _ => None,
             };
             let modern = match id {
@@ -126,11 +186,27 @@ impl Transport<RoleServer> for LineTransport {
             if self.out.is_gone() {
                 return None;
             }
-            self.wait_for_budget().await;
+            let (eof, parked, waiting) = match self.state.lock() {
+                Ok(s) if s.eof => (true, None, false),
+                Ok(mut s) => (false, s.unpark(), s.has_parked()),
+                Err(_) => return None,
+            };
+            if eof {
+                // rmcp polls again after each message the drain hands it.
+                return self.drain_at_eof().await;
+            }
+            if let Some(p) = parked {
+                match self.handle_line(&p.line) {
+                    Some(msg) => return Some(msg),
+                    None => continue,
+                }
+            }
             let out = self.out.clone();
             // `read_line` is cancel-safe, so losing this race loses no input.
+            // With requests parked, an answer (a place freed) wakes us too.
             let read = tokio::select! {
                 () = out.gone_notify.notified() => return None,
+                () = out.answered.notified(), if waiting => continue,
                 r = self.reader.read_line() => r,
             };
             let line = match read {
@@ -154,32 +230,38 @@ impl Transport<RoleServer> for LineTransport {
             if trimmed.is_empty() {
                 continue;
             }
-            // A cheap look at the envelope (method, id, `_meta` version),
-            // then the typed parse, straight from the bytes.
-            let parsed = envelope::peek(trimmed).and_then(|peek| envelope::parse(trimmed, &peek).map(|m| (peek, m)));
-            let (peek, msg) = match parsed {
-                Ok(x) => x,
-                Err(Reject::Error { id, code, message }) => {
-                    self.out.reply_error(id, code, message);
-                    continue;
-                }
-                Err(Reject::Drop) => continue,
-                Err(Reject::DropLogged(why)) => {
-                    tracing::debug!("{why}");
-                    continue;
-                }
-            };
-            if let Ok(mut st) = self.state.lock() {
-                match st.admit(&peek, trimmed.len()) {
-                    Admission::Early => {
-                        tracing::debug!("dropping a notification or response that arrived before the session started");
+            // A request that finds the budget used waits here, as text;
+            // everything else (a ping, the client's answers, cancellations)
+            // goes on at once.
+            if let Ok(peek) = envelope::peek(trimmed) {
+                let placed = match self.state.lock() {
+                    Ok(mut s) => s.place(&peek, trimmed),
+                    Err(_) => return None,
+                };
+                match placed {
+                    Wait::Now => {}
+                    Wait::Parked => {
+                        tracing::debug!("calls in flight at the session's limit; a request waits for a place");
                         continue;
                     }
-                    Admission::Pass { cancelled: true } => self.out.answered.notify_one(),
-                    Admission::Pass { cancelled: false } => {}
+                    Wait::Refused => {
+                        tracing::warn!("calls in flight and waiting at the session's limits; a request refused");
+                        self.out.reply_error(
+                            peek.id.clone().unwrap_or(Value::Null),
+                            session::BUSY,
+                            format!(
+                                "server busy: {} requests in flight and {} waiting for a place; send it again once one is answered",
+                                session::MAX_IN_FLIGHT,
+                                session::MAX_PARKED
+                            ),
+                        );
+                        continue;
+                    }
                 }
             }
-            return Some(msg);
+            if let Some(msg) = self.handle_line(trimmed) {
+                return Some(msg);
+            }
         }
     }
 

@@ -1,22 +1,40 @@
 //! The session's budget and its end: every request handed to rmcp is
 //! tracked until it is answered or cancelled; while too many (or too large)
-//! are in flight no further message is read; at stdin's end the session
-//! ends only once every accepted call is answered.
+//! are in flight, further requests wait in the transport (parked, as text)
+//! — but stdin is always read, so that the client's answers to our own
+//! requests, cancellations and pings are handled whatever the budget. At
+//! stdin's end the session ends once every accepted call is answered; a call
+//! waiting for the client's answer is cancelled instead (nobody can answer).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use rmcp::RoleServer;
+use rmcp::model::{ErrorCode, ErrorData, JsonRpcMessage, RequestId};
 use rmcp::service::RxJsonRpcMessage;
 
 use super::LineTransport;
 use super::envelope::Peek;
 
-/// Most requests in flight at once per session; the next is read only once
-/// one is answered.
+/// Most requests in flight at once per session; further ones wait (parked)
+/// until one is answered.
 pub const MAX_IN_FLIGHT: usize = 256;
-/// Most bytes of requests in flight at once per session (the request text;
-/// the parsed form takes a few times that).
+/// Most memory that requests in flight may take at once per session, as
+/// estimated before each is parsed (`envelope::parse`: forwarded text at
+/// its copies, parsed JSON at `VALUE_BYTES` a value).
 pub const MAX_IN_FLIGHT_BYTES: usize = 64 * 1024 * 1024;
+/// Most requests waiting for a place among those in flight, and their
+/// text's size; a request beyond either is answered with an error at once.
+pub const MAX_PARKED: usize = 256;
+pub const MAX_PARKED_BYTES: usize = 32 * 1024 * 1024;
+/// The JSON-RPC error of a request beyond [`MAX_PARKED`].
+pub const BUSY: i64 = -32000;
+
+/// A request read while the budget was used, kept as its text.
+pub(super) struct Parked {
+    /// Its id, as JSON text.
+    key: String,
+    pub(super) line: Vec<u8>,
+}
 
 #[derive(Default)]
 pub(super) struct State {
@@ -30,6 +48,26 @@ pub(super) struct State {
     accepted: HashMap<String, usize>,
     /// Sum of the sizes in `accepted`.
     accepted_bytes: usize,
+    /// Requests read while over budget, oldest first.
+    parked: VecDeque<Parked>,
+    /// Sum of the parked requests' sizes.
+    parked_bytes: usize,
+    /// Requests this server sent to the client and the client has not
+    /// answered, by id (as JSON text). At stdin's end each gets an error
+    /// answer, which cancels the call waiting for it.
+    asked: HashMap<String, RequestId>,
+    /// stdin has ended.
+    pub(super) eof: bool,
+}
+
+/// What to do with a request that arrives while the budget is used.
+pub(super) enum Wait {
+    /// Handed to rmcp now (a ping, or there is room).
+    Now,
+    /// Kept until a place frees up.
+    Parked,
+    /// No room to keep it: answer it with [`BUSY`].
+    Refused,
 }
 
 /// What [`State::admit`] decided about a message.
@@ -39,6 +77,9 @@ pub(super) enum Admission {
     Early,
     /// Handed to rmcp. `cancelled`: it withdrew a request in flight.
     Pass { cancelled: bool },
+    /// A cancellation of a request still parked: that request is dropped
+    /// (it never reached rmcp), and so is the cancellation.
+    Withdrawn,
 }
 
 impl State {
@@ -55,7 +96,51 @@ impl State {
         self.accepted.len() >= MAX_IN_FLIGHT || self.accepted_bytes >= MAX_IN_FLIGHT_BYTES
     }
 
-    /// Account for a message about to be handed to rmcp; `len` is its size.
+    /// Where a message just read goes. Only requests wait, never a ping
+    /// (answered at once) nor responses and notifications (the client's
+    /// answers and cancellations); once requests wait, later ones queue
+    /// behind them, in order.
+    pub(super) fn place(&mut self, peek: &Peek, line: &[u8]) -> Wait {
+        let waits = peek.is_request() && peek.method.as_deref() != Some("ping");
+        if !waits || (self.parked.is_empty() && !self.over_budget()) {
+            return Wait::Now;
+        }
+        if self.parked.len() >= MAX_PARKED || self.parked_bytes + line.len() > MAX_PARKED_BYTES {
+            return Wait::Refused;
+        }
+        let key = peek.id.as_ref().map(ToString::to_string).unwrap_or_default();
+        self.parked_bytes += line.len();
+        self.parked.push_back(Parked { key, line: line.to_vec() });
+        Wait::Parked
+    }
+
+    /// The oldest parked request, once there is room for it.
+    pub(super) fn unpark(&mut self) -> Option<Parked> {
+        if self.over_budget() {
+            return None;
+        }
+        let p = self.parked.pop_front()?;
+        self.parked_bytes -= p.line.len();
+        Some(p)
+    }
+
+    pub(super) fn has_parked(&self) -> bool {
+        !self.parked.is_empty()
+    }
+
+    /// This server sent the client a request.
+    pub(super) fn asking(&mut self, id: &RequestId) {
+        self.asked.insert(super::id_key(id), id.clone());
+    }
+
+    /// One request of ours the client can no longer answer (stdin ended).
+    fn unanswerable(&mut self) -> Option<RequestId> {
+        let key = self.asked.keys().next()?.clone();
+        self.asked.remove(&key)
+    }
+
+    /// Account for a message about to be handed to rmcp; `len` is its cost
+    /// (the memory it takes while in flight).
     pub(super) fn admit(&mut self, peek: &Peek, len: usize) -> Admission {
         let is_request = peek.is_request();
         if !self.lifecycle_started {
@@ -90,10 +175,22 @@ impl State {
                 }
             }
         } else if let Some(rid) = peek.cancelled_request() {
-            // A cancelled request gets no reply: nothing to wait for.
-            self.modern.remove(&rid.to_string());
-            self.unaccept(&rid.to_string());
+            // A cancelled request gets no reply: nothing to wait for. One
+            // still parked never reaches rmcp.
+            let key = rid.to_string();
+            self.modern.remove(&key);
+            self.unaccept(&key);
+            if let Some(i) = self.parked.iter().position(|p| p.key == key) {
+                let p = self.parked.remove(i);
+                self.parked_bytes -= p.map(|p| p.line.len()).unwrap_or(0);
+                return Admission::Withdrawn;
+            }
             return Admission::Pass { cancelled: true };
+        } else if peek.method.is_none()
+            && let Some(id) = &peek.id
+        {
+            // The client's answer to one of our requests.
+            self.asked.remove(&id.to_string());
         }
         Admission::Pass { cancelled: false }
     }
@@ -107,44 +204,44 @@ impl State {
 }
 
 impl LineTransport {
-    /// Wait until the calls in flight are within the session's budget
-    /// ([`MAX_IN_FLIGHT`], [`MAX_IN_FLIGHT_BYTES`]). Cancel-safe.
-    pub(super) async fn wait_for_budget(&self) {
-        let mut logged = false;
-        loop {
-            let answered = self.out.answered.notified();
-            let mut answered = std::pin::pin!(answered);
-            answered.as_mut().enable();
-            if !self.state.lock().map(|s| s.over_budget()).unwrap_or(false) || self.out.is_gone() {
-                return;
-            }
-            if !logged {
-                tracing::debug!("calls in flight at the session's limit; reading stdin again once one is answered");
-                logged = true;
-            }
-            tokio::select! {
-                () = answered => {}
-                () = self.out.gone_notify.notified() => {
-                    // Leave the permit for `receive`, which ends the session.
-                    self.out.gone_notify.notify_one();
-                    return;
-                }
-            }
-        }
-    }
-
-    /// stdin has ended. Every request already handed to rmcp is still
-    /// answered: the session ends (this returns `None`) only once none is
-    /// outstanding, each within its own timeout, or when stdout is gone. A
-    /// SIGTERM still ends the process at once.
+    /// stdin has ended. Requests still parked are handed to rmcp as places
+    /// free up, and every request accepted is still answered: the session
+    /// ends (this returns `None`) only once none is outstanding, each within
+    /// its own timeout, or when stdout is gone. Our own requests to the
+    /// client (an `elicitation/create`) can no longer be answered: each gets
+    /// an error answer, which ends the call waiting for it. A SIGTERM still
+    /// ends the process at once.
     pub(super) async fn drain_at_eof(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
             // Register before checking, so an answer in between is not missed.
             let answered = self.out.answered.notified();
             let mut answered = std::pin::pin!(answered);
             answered.as_mut().enable();
-            let outstanding = self.state.lock().map(|s| s.accepted.len()).unwrap_or(0);
-            if outstanding == 0 || self.out.is_gone() {
+            if self.out.is_gone() {
+                return None;
+            }
+            let (unanswerable, parked, outstanding) = match self.state.lock() {
+                Ok(mut s) => {
+                    s.eof = true;
+                    (s.unanswerable(), s.unpark(), s.accepted.len() + s.parked.len())
+                }
+                Err(_) => (None, None, 0),
+            };
+            if let Some(id) = unanswerable {
+                tracing::debug!(
+                    "stdin ended; a request to the client gets no answer: cancelling the call waiting for it"
+                );
+                return Some(JsonRpcMessage::error(
+                    ErrorData::new(ErrorCode(BUSY as i32), "stdin ended: the client can no longer answer", None),
+                    Some(id),
+                ));
+            }
+            if let Some(p) = parked
+                && let Some(msg) = self.handle_line(&p.line)
+            {
+                return Some(msg);
+            }
+            if outstanding == 0 {
                 return None;
             }
             if !self.eof_logged {

@@ -1,0 +1,310 @@
+//! Diagnostics on stderr that never wait for a reader.
+//!
+//! An MCP host may never read our stderr; a pipe holds 64 KiB, and a
+//! blocking write to a full one waits forever — in the supervisor that
+//! stopped the protocol. Every process (supervisor, spawner, workers,
+//! `serve-http`'s launcher and front) therefore writes each diagnostic line
+//! with one non-blocking attempt: a line that does not fit is dropped and
+//! counted, and the next line that fits is preceded by one line saying how
+//! many were dropped.
+//!
+//! `O_NONBLOCK` belongs to the open file description, which the host (and
+//! whatever else it started) may share, so it is never set on the
+//! description we were given. Instead [`prepare`] (once per process, before
+//! confinement) decides how descriptor 2 is written:
+//!
+//! * a socket (journald): `send(MSG_DONTWAIT)`, flags untouched;
+//! * a description already non-blocking (ours, inherited: the spawner, the
+//!   workers and `serve-http`'s sessions share their parent's): plain writes;
+//! * a pipe or terminal: reopened through `/proc/self/fd/2`, which makes a
+//!   new open file description of the same pipe or terminal, set
+//!   non-blocking and put on descriptor 2 (`dup2`), so only this process and
+//!   its children write through it;
+//! * a regular file or `/dev/null`: plain writes (they never wait for a reader);
+//! * a pipe or terminal that cannot be reopened (no `/proc`): `poll` for
+//!   room first where the process's seccomp filter allows it (the supervisor,
+//!   the spawner, the launcher), which another writer to the same pipe can
+//!   still race; plain writes elsewhere.
+//!
+//! A line longer than the pipe's atomic size (4 KiB) can be cut by a full
+//! pipe; the rest is dropped and the dropped-lines report starts on a new line.
+
+use std::os::fd::{BorrowedFd, RawFd};
+use std::sync::{Mutex, OnceLock};
+
+const STDERR: RawFd = 2;
+
+/// How descriptor 2 is written (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    NonBlocking,
+    Socket,
+    Direct,
+    Polled,
+}
+
+struct Sink {
+    /// Descriptor 2 (another one in unit tests).
+    fd: RawFd,
+    mode: Mode,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Lines dropped since the last report.
+    dropped: u64,
+    /// The last write was cut short: the next one starts a new line.
+    torn: bool,
+}
+
+/// How much of a buffer one attempt wrote.
+#[derive(Debug, PartialEq, Eq)]
+enum Wrote {
+    All,
+    Nothing,
+    Part,
+}
+
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+/// Decide how descriptor 2 is written, once per process (later calls keep
+/// the first decision). Must run while the process is single-threaded and
+/// not yet confined (it may open `/proc/self/fd/2`). `may_poll`: the
+/// process's seccomp filter allows `poll` (for the fallback).
+pub fn prepare(may_poll: bool) -> Mode {
+    SINK.get_or_init(|| Sink::new(STDERR, choose(may_poll))).mode
+}
+
+fn choose(may_poll: bool) -> Mode {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    use nix::sys::stat::{SFlag, fstat};
+    // SAFETY: descriptor 2 is never closed by this program; the borrow is
+    // used only for the calls below.
+    let fd = unsafe { BorrowedFd::borrow_raw(STDERR) };
+    let Ok(st) = fstat(fd) else { return Mode::Direct };
+    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    if kind == SFlag::S_IFSOCK {
+        return Mode::Socket;
+    }
+    let flags = fcntl(fd, FcntlArg::F_GETFL).map(OFlag::from_bits_truncate).unwrap_or(OFlag::empty());
+    if flags.contains(OFlag::O_NONBLOCK) {
+        return Mode::NonBlocking;
+    }
+    let tty = kind == SFlag::S_IFCHR && nix::unistd::isatty(fd).unwrap_or(false);
+    if kind != SFlag::S_IFIFO && !tty {
+        return Mode::Direct;
+    }
+    match reopen_nonblocking() {
+        Ok(()) => Mode::NonBlocking,
+        Err(_) if may_poll => Mode::Polled,
+        Err(_) => Mode::Direct,
+    }
+}
+
+/// A new open file description of whatever descriptor 2 is, non-blocking,
+/// put on descriptor 2.
+fn reopen_nonblocking() -> nix::Result<()> {
+    use nix::fcntl::{OFlag, open};
+    use nix::sys::stat::Mode as Perm;
+    use std::os::fd::AsRawFd;
+    let fresh = open(
+        "/proc/self/fd/2",
+        OFlag::O_WRONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Perm::empty(),
+    )?;
+    // SAFETY: dup2 onto descriptor 2, which this process owns; `fresh` is
+    // a descriptor we just opened and close (drop) right after. dup2 leaves
+    // descriptor 2 inheritable, as it was.
+    let r = unsafe { nix::libc::dup2(fresh.as_raw_fd(), STDERR) };
+    if r < 0 {
+        return Err(nix::Error::last());
+    }
+    Ok(())
+}
+
+/// Write one diagnostic line (ending in `\n`) without waiting; before
+/// [`prepare`], or if it was never called, as [`Mode::Direct`].
+pub fn write_line(line: &[u8]) {
+    SINK.get_or_init(|| Sink::new(STDERR, Mode::Direct)).emit(line);
+}
+
+impl Sink {
+    fn new(fd: RawFd, mode: Mode) -> Sink {
+        Sink { fd, mode, state: Mutex::new(State::default()) }
+    }
+
+    fn emit(&self, line: &[u8]) {
+        let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if st.dropped > 0 || st.torn {
+            let report = format!(
+                "{}snowluma-mcp: {} log lines dropped: stderr was full\n",
+                if st.torn { "\n" } else { "" },
+                st.dropped
+            );
+            match self.write(report.as_bytes()) {
+                Wrote::All => *st = State::default(),
+                Wrote::Nothing => {
+                    st.dropped += 1;
+                    return;
+                }
+                Wrote::Part => {
+                    st.dropped += 1;
+                    st.torn = true;
+                    return;
+                }
+            }
+        }
+        match self.write(line) {
+            Wrote::All => {}
+            Wrote::Nothing => st.dropped += 1,
+            Wrote::Part => {
+                st.dropped += 1;
+                st.torn = true;
+            }
+        }
+    }
+
+    /// Write as much of `buf` as fits now (all of it for [`Mode::Direct`]).
+    fn write(&self, buf: &[u8]) -> Wrote {
+        let mut done = 0;
+        while done < buf.len() {
+            if self.mode == Mode::Polled && !self.room() {
+                break;
+            }
+            match self.write_once(&buf[done..]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(nix::errno::Errno::EINTR) => {}
+                // EAGAIN: full. Anything else (EPIPE: nobody reads; EBADF:
+                // no stderr): the line is lost all the same.
+                Err(_) => break,
+            }
+        }
+        match done {
+            0 => Wrote::Nothing,
+            n if n == buf.len() => Wrote::All,
+            _ => Wrote::Part,
+        }
+    }
+
+    fn write_once(&self, buf: &[u8]) -> nix::Result<usize> {
+        // SAFETY: the sink's descriptor (2) is never closed by this
+        // program; the borrow lives for this one call.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.fd) };
+        match self.mode {
+            Mode::Socket => {
+                use nix::sys::socket::{MsgFlags, send};
+                send(self.fd, buf, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL)
+            }
+            Mode::NonBlocking | Mode::Direct | Mode::Polled => nix::unistd::write(fd, buf),
+        }
+    }
+
+    /// Whether the descriptor has room now ([`Mode::Polled`]).
+    fn room(&self) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        // SAFETY: as in `write_once`.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.fd) };
+        let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+            && fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLOUT))
+    }
+}
+
+/// tracing's writer: each event arrives as one `write` of a whole line.
+#[derive(Debug, Clone, Copy)]
+pub struct Stderr;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Stderr {
+    type Writer = Stderr;
+    fn make_writer(&'a self) -> Stderr {
+        Stderr
+    }
+}
+
+impl std::io::Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        write_line(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `eprintln!` for processes whose stderr may be non-blocking: the line is
+/// written like a diagnostic (never waited for; std's `eprintln!` would
+/// panic on a full non-blocking stderr).
+#[macro_export]
+macro_rules! eprintln_nb {
+    ($($arg:tt)*) => {
+        $crate::logsink::write_line(format!("{}\n", format_args!($($arg)*)).as_bytes())
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    fn read_all(r: &std::os::fd::OwnedFd) -> String {
+        let mut buf = vec![0u8; 1 << 20];
+        let n = nix::unistd::read(r, &mut buf).unwrap();
+        String::from_utf8(buf[..n].to_vec()).unwrap()
+    }
+
+    /// A full pipe drops whole lines and counts them; once it is read, the
+    /// next line is preceded by the count. (A sink over a pipe of its own,
+    /// not this test process's stderr.)
+    #[test]
+    fn a_full_pipe_drops_and_counts() {
+        for mode in [Mode::NonBlocking, Mode::Polled] {
+            let (r, w) = nix::unistd::pipe().unwrap();
+            if mode == Mode::NonBlocking {
+                nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).unwrap();
+            }
+            let sink = Sink::new(w.as_raw_fd(), mode);
+            let line: Vec<u8> = [b'x'; 99].into_iter().chain(*b"\n").collect();
+            for _ in 0..2000 {
+                sink.emit(&line);
+            }
+            let dropped = sink.state.lock().unwrap().dropped;
+            assert!(dropped > 0, "{mode:?}: 200 000 bytes do not fit a pipe");
+            // Whole lines only: each a line written or a report of the
+            // lines dropped before it (a report fits where a line did not).
+            let text = read_all(&r);
+            let (mut lines, mut reported) = (0, 0);
+            for l in text.lines() {
+                if l.len() == 99 && l.bytes().all(|b| b == b'x') {
+                    lines += 1;
+                } else {
+                    let n = l
+                        .strip_prefix("snowluma-mcp: ")
+                        .and_then(|l| l.strip_suffix(" log lines dropped: stderr was full"));
+                    reported += n.and_then(|n| n.parse::<u64>().ok()).unwrap_or_else(|| panic!("{mode:?}: {l:?}"));
+                }
+            }
+            assert!(text.ends_with('\n'));
+            assert_eq!(lines + reported + dropped, 2000, "{mode:?}: every line written or counted");
+            sink.emit(b"next\n");
+            assert_eq!(read_all(&r), format!("snowluma-mcp: {dropped} log lines dropped: stderr was full\nnext\n"));
+            sink.emit(b"again\n");
+            assert_eq!(read_all(&r), "again\n", "{mode:?}: reported once");
+        }
+    }
+
+    /// A line cut short by a full pipe: the report starts on a new line.
+    #[test]
+    fn a_cut_line_is_ended_before_the_report() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).unwrap();
+        let sink = Sink::new(w.as_raw_fd(), Mode::NonBlocking);
+        let long = vec![b'y'; 200_000];
+        sink.emit(&long);
+        let first = read_all(&r);
+        assert!(!first.is_empty() && first.len() < long.len());
+        sink.emit(b"next\n");
+        assert_eq!(read_all(&r), "\nsnowluma-mcp: 1 log lines dropped: stderr was full\nnext\n");
+    }
+}
