@@ -893,6 +893,61 @@ fn the_front_is_confined_and_serves_a_unix_socket() {
     assert!(!alive(front));
 }
 
+/// The Unix socket gets its permission bits from `--socket-mode` (default
+/// 660), not from the umask serve-http was started with.
+#[test]
+fn the_unix_socket_has_the_configured_mode_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = temp_dir("sockmode");
+    let tokens = token_file(&dir);
+    let sock = dir.join("mcp.sock");
+    for (umask, extra, want) in
+        [(0o000, None, 0o660), (0o077, None, 0o660), (0o000, Some("600"), 0o600), (0o022, Some("0666"), 0o666)]
+    {
+        let mut args =
+            vec!["serve-http", "--listen", sock.to_str().unwrap(), "--http-token-file", tokens.to_str().unwrap()];
+        if let Some(mode) = extra {
+            args.extend(["--socket-mode", mode]);
+        }
+        let mut cmd = command(&[], &args);
+        // SAFETY: only umask (async-signal-safe) runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
+                Ok(())
+            });
+        }
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("listening on") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        wait_until("serve-http says where it listens", || rx.try_recv().ok());
+        let mode = std::fs::symlink_metadata(&sock).unwrap().permissions().mode() & 0o7777;
+        nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).unwrap();
+        let st = wait_exit(&mut child, "serve-http stops on SIGTERM");
+        assert_eq!(mode, want, "umask {umask:o}, --socket-mode {extra:?}: {mode:o}");
+        assert!(st.success(), "{st:?}");
+        assert!(!sock.exists(), "the socket is removed at exit");
+    }
+    let t = tokens.to_str().unwrap();
+    for bad in ["8", "1777", "rw-rw----"] {
+        let e = refused(
+            &[],
+            &["serve-http", "--listen", sock.to_str().unwrap(), "--http-token-file", t, "--socket-mode", bad],
+        );
+        assert!(e.contains("--socket-mode"), "{e}");
+        assert!(!sock.exists(), "nothing is created for a refused mode");
+    }
+}
+
 /// Legacy server requests travel on the SSE stream of the call that needs
 /// them, and the client's answer (a POST of a response) reaches the session.
 #[test]
