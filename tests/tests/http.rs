@@ -451,6 +451,63 @@ fn missing_wrong_and_stale_tokens_get_401_and_start_nothing() {
     assert!(!s.stderr_text().contains(ALICE) && !s.stderr_text().contains(BOB), "tokens are never logged");
 }
 
+/// A token revoked (SIGHUP) while a legacy `initialize` with it is in flight:
+/// whatever the timing, no tree of that token outlives the revocation.
+#[test]
+fn a_token_revoked_while_its_session_starts_leaves_no_tree() {
+    let dir = temp_dir("revoke-race");
+    let s = Server::start(&dir, &[], &[]);
+    let file = dir.join("tokens");
+    let launcher = nix::unistd::Pid::from_raw(s.child.id() as i32);
+    // Every SIGHUP is answered by one log line, reload or not.
+    let reload = |text: &str| {
+        let before = s.stderr_text().matches("access tokens re-read").count();
+        write_private(&file, text);
+        nix::sys::signal::kill(launcher, nix::sys::signal::SIGHUP).unwrap();
+        wait_until("the token file is re-read", || {
+            (s.stderr_text().matches("access tokens re-read").count() > before).then_some(())
+        });
+    };
+    let offsets_us = [0u64, 200, 500, 1_000, 2_000, 3_000, 5_000, 8_000, 12_000, 20_000, 40_000, 80_000];
+    let mut statuses = Vec::new();
+    for round in 0..36 {
+        let token = format!("revoked-{round:02}-token-0123456789abcdef0123456789");
+        reload(&format!("alice:{ALICE}\nrev{round}:{token}\n"));
+        let offset = std::time::Duration::from_micros(offsets_us[round % offsets_us.len()]);
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}});
+        let request = s
+            .client
+            .post(s.url())
+            .header("authorization", format!("Bearer {token}"))
+            .header("accept", "application/json, text/event-stream")
+            .body(serde_json::to_vec(&init).unwrap());
+        let status = s.rt.block_on(async {
+            let sent = tokio::spawn(async move { request.send().await.map(|r| r.status().as_u16()) });
+            tokio::time::sleep(offset).await;
+            reload(&format!("alice:{ALICE}\n"));
+            sent.await.unwrap()
+        });
+        statuses.push(status.map_err(|e| e.to_string()));
+    }
+    // Every tree a revoked token started (the launcher names each one's pid
+    // and token) is gone: ended by the front, killed after the short grace.
+    let started: Vec<i32> = s
+        .stderr_text()
+        .lines()
+        .filter(|l| l.contains("session started") && l.contains("token_id=rev"))
+        .filter_map(|l| l.split("pid=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(!started.is_empty(), "some rounds started a tree: {statuses:?}");
+    wait_until("no tree of a revoked token is alive", || {
+        let alive: Vec<i32> = started.iter().copied().filter(|p| alive(*p)).collect();
+        if alive.is_empty() { Ok(()) } else { Err(alive) }
+    });
+    // The front still serves the token that stayed.
+    let sid = s.initialize(ALICE);
+    assert_eq!(s.call(ALICE, &sid, 2, "list_categories", json!({})).status, 200);
+}
+
 #[test]
 fn a_forbidden_origin_or_host_gets_403() {
     let dir = temp_dir("origin");

@@ -130,8 +130,8 @@ struct Usage {
 }
 
 /// Who waits for the launcher's answer to a spawn: the session number and
-/// its socket, or `None` if it failed.
-type SpawnWaiter = oneshot::Sender<Option<(u64, OwnedFd)>>;
+/// its socket, or `None` if it failed; and the token the tree is for.
+type SpawnWaiter = (oneshot::Sender<Option<(u64, OwnedFd)>>, TokenDigest);
 
 struct Shared {
     allowed_hosts: Vec<String>,
@@ -412,9 +412,9 @@ fn digest_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The id of the token the request presents, comparing its digest with
-/// every configured one (no early exit).
-fn authenticate(shared: &Shared, h: &HeaderMap) -> Option<String> {
+/// The token the request presents (its id and digest), comparing its digest
+/// with every configured one (no early exit).
+fn authenticate(shared: &Shared, h: &HeaderMap) -> Option<TokenDigest> {
     let value = header_str(h, "authorization")?;
     let (scheme, token) = value.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {
@@ -425,10 +425,15 @@ fn authenticate(shared: &Shared, h: &HeaderMap) -> Option<String> {
     let mut found = None;
     for t in tokens.iter() {
         if digest_eq(&t.sha256, &digest) {
-            found = Some(t.id.clone());
+            found = Some(t.clone());
         }
     }
     found
+}
+
+/// Whether `token` (id and digest) is still in the configured set.
+fn still_valid(shared: &Shared, token: &TokenDigest) -> bool {
+    shared.tokens.lock().is_ok_and(|t| t.iter().any(|x| x.id == token.id && digest_eq(&x.sha256, &token.sha256)))
 }
 
 fn acquire_request(shared: &Arc<Shared>, token_id: &str) -> Option<Guard> {
@@ -493,7 +498,8 @@ fn try_take_place(shared: &Shared, token_id: &str) -> Result<bool, Response<Body
     Ok(true)
 }
 
-async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<Arc<Tree>, Response<Body>> {
+async fn spawn_tree(shared: &Arc<Shared>, token: &TokenDigest, peer: &str) -> Result<Arc<Tree>, Response<Body>> {
+    let token_id = token.id.as_str();
     take_place(shared, token_id).await?;
     let release = || {
         if let Ok(mut u) = shared.usage.lock()
@@ -505,7 +511,7 @@ async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<
     let req = shared.next_req.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = oneshot::channel();
     if let Ok(mut s) = shared.spawns.lock() {
-        s.insert(req, tx);
+        s.insert(req, (tx, token.clone()));
     }
     let msg = ToLauncher::Spawn { req, token_id: token_id.to_owned(), peer: peer.to_owned() };
     let got = match shared.control.send(&msg, None).await {
@@ -525,9 +531,18 @@ async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<
             release();
             rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "Cannot start a session")
         })?;
-    let tree = Tree::start(session, token_id.to_owned(), stream);
+    let tree = Tree::start(session, token_id.to_owned(), token.sha256, stream);
     if let Ok(mut t) = shared.trees.lock() {
         t.push(tree.clone());
+    }
+    // A revocation (SIGHUP) may have come while the launcher started this
+    // tree: its handler changes the token set first and then ends the trees
+    // it finds, and this tree is registered before the set is read here, so
+    // either that handler ended it or this check sees the new set.
+    if !still_valid(shared, token) {
+        tracing::info!(session = tree.session, token_id, "serve-http: the token was revoked while its session started");
+        end_tree_as(shared, &tree, true).await;
+        return Err(unauthorized());
     }
     Ok(tree)
 }
@@ -572,42 +587,39 @@ async fn control_loop(shared: Arc<Shared>) {
         match shared.control.recv::<ToFront>().await {
             Ok((ToFront::Spawned { req, session }, Some(fd))) => {
                 let waiter = shared.spawns.lock().ok().and_then(|mut s| s.remove(&req));
-                match waiter {
-                    Some(w) => {
-                        if let Err(Some((_, fd))) = w.send(Some((session, fd))) {
-                            drop(fd);
-                            let _ = shared.control.send(&ToLauncher::End { session, revoked: false }, None).await;
-                        }
-                    }
-                    None => {
-                        drop(fd);
-                        let _ = shared.control.send(&ToLauncher::End { session, revoked: false }, None).await;
-                    }
+                // A tree nobody waits for any more (the spawn timed out) is
+                // let go at once; killed soon if its token was revoked since.
+                let orphan = match waiter {
+                    Some((w, token)) => match w.send(Some((session, fd))) {
+                        Ok(()) => None,
+                        Err(_) => Some(!still_valid(&shared, &token)),
+                    },
+                    None => Some(false),
+                };
+                if let Some(revoked) = orphan {
+                    let _ = shared.control.send(&ToLauncher::End { session, revoked }, None).await;
                 }
             }
             Ok((ToFront::SpawnFailed { req }, _)) | Ok((ToFront::Spawned { req, .. }, None)) => {
-                if let Some(w) = shared.spawns.lock().ok().and_then(|mut s| s.remove(&req)) {
+                if let Some((w, _)) = shared.spawns.lock().ok().and_then(|mut s| s.remove(&req)) {
                     let _ = w.send(None);
                 }
             }
             Ok((ToFront::Tokens(new), _)) => {
-                let revoked: Vec<String> = match shared.tokens.lock() {
-                    Ok(mut t) => {
-                        let gone = t
-                            .iter()
-                            .filter(|old| !new.iter().any(|n| n.id == old.id && digest_eq(&n.sha256, &old.sha256)))
-                            .map(|old| old.id.clone())
-                            .collect();
-                        *t = new;
-                        gone
-                    }
-                    Err(_) => Vec::new(),
-                };
+                // The new set first, then the trees (see `spawn_tree`): a
+                // tree of a token no longer in the set (removed, or its
+                // value changed) ends, and is killed after a short grace.
+                if let Ok(mut t) = shared.tokens.lock() {
+                    *t = new;
+                }
                 let ending: Vec<Arc<Tree>> = shared
                     .trees
                     .lock()
-                    .map(|t| t.iter().filter(|x| revoked.contains(&x.token_id)).cloned().collect())
-                    .unwrap_or_default();
+                    .map(|t| t.iter().cloned().collect::<Vec<_>>())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|x| !still_valid(&shared, &TokenDigest { id: x.token_id.clone(), sha256: x.token_sha256 }))
+                    .collect();
                 for t in ending {
                     end_tree_as(&shared, &t, true).await;
                 }
@@ -661,13 +673,13 @@ async fn handle(shared: Arc<Shared>, conn: Arc<Conn>, req: Request<Incoming>) ->
     if !host_ok(&shared, req.headers()) || !origin_ok(&shared, req.headers()) {
         return rpc_error(StatusCode::FORBIDDEN, Value::Null, -32000, "Forbidden");
     }
-    let Some(token_id) = authenticate(&shared, req.headers()) else {
+    let Some(token) = authenticate(&shared, req.headers()) else {
         return unauthorized();
     };
     match *req.method() {
-        Method::POST => post(shared, conn, token_id, req).await,
-        Method::GET => get(shared, token_id, req.headers()),
-        Method::DELETE => delete(shared, token_id, req.headers()).await,
+        Method::POST => post(shared, conn, token, req).await,
+        Method::GET => get(shared, token.id, req.headers()),
+        Method::DELETE => delete(shared, token.id, req.headers()).await,
         _ => {
             let mut r = empty(StatusCode::METHOD_NOT_ALLOWED);
             r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
@@ -780,7 +792,8 @@ async fn read_body(shared: &Shared, req: Request<Incoming>) -> Result<Bytes, Res
     }
 }
 
-async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Request<Incoming>) -> Response<Body> {
+async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token: TokenDigest, req: Request<Incoming>) -> Response<Body> {
+    let token_id = token.id.clone();
     let headers = req.headers().clone();
     let accept = header_str(&headers, "accept").unwrap_or("").to_ascii_lowercase();
     let any = accept.is_empty() || accept.contains("*/*");
@@ -843,7 +856,7 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
     // `initialize` opens a legacy session; sent the modern way it is a
     // method that revision removed, answered by a tree (-32601, 404).
     if method.as_deref() == Some("initialize") && is_request && !modern_signal {
-        let tree = match spawn_tree(&shared, &token_id, &conn.peer).await {
+        let tree = match spawn_tree(&shared, &token, &conn.peer).await {
             Ok(t) => t,
             Err(r) => return r,
         };
@@ -884,7 +897,7 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
         let key = (token_id.clone(), conn.host.clone());
         match modern.get(&key) {
             Some(t) if !t.ended.is_cancelled() => t.clone(),
-            _ => match spawn_tree(&shared, &token_id, &conn.host).await {
+            _ => match spawn_tree(&shared, &token, &conn.host).await {
                 Ok(t) => {
                     modern.insert(key, t.clone());
                     t

@@ -43,6 +43,9 @@ impl State {
 pub struct Tree {
     pub session: u64,
     pub token_id: String,
+    /// The digest of the token that started it: a tree ends when its token
+    /// is removed or changed.
+    pub token_sha256: [u8; 32],
     writer: tokio::sync::Mutex<Option<OwnedWriteHalf>>,
     state: Mutex<State>,
     /// Fired once the tree is let go (DELETE, idle, connection end, a
@@ -57,11 +60,12 @@ pub struct Sent {
 }
 
 impl Tree {
-    pub fn start(session: u64, token_id: String, stream: tokio::net::UnixStream) -> Arc<Tree> {
+    pub fn start(session: u64, token_id: String, token_sha256: [u8; 32], stream: tokio::net::UnixStream) -> Arc<Tree> {
         let (read, write) = stream.into_split();
         let tree = Arc::new(Tree {
             session,
             token_id,
+            token_sha256,
             writer: tokio::sync::Mutex::new(Some(write)),
             state: Mutex::new(State {
                 next: 1,
@@ -331,7 +335,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn ids_are_rewritten_both_ways_and_messages_find_their_request() {
         let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
-        let tree = Tree::start(1, "t".into(), ours);
+        let tree = Tree::start(1, "t".into(), [0; 32], ours);
         let (r, mut w) = theirs.into_split();
         let mut r = BufReader::new(r);
         // Two requests with the same client id cannot collide.
