@@ -298,7 +298,9 @@ fn main() -> ExitCode {
         }
     };
     let tasks = task_dir.zip(task_scope);
-    let started = Started { config, policy, audit, grants, transfer_dirs, tasks, token, resolved, events_resolved };
+    let relayed = matches!(principal, Some(audit::Principal::Http { .. }));
+    let started =
+        Started { config, policy, audit, grants, transfer_dirs, tasks, token, resolved, events_resolved, relayed };
     match rt.block_on(run(started, (spawner_sock, spawner_pid))) {
         Ok(Ended::Finished) => ExitCode::SUCCESS,
         Ok(Ended::StdoutGone) | Ok(Ended::Broken) => ExitCode::FAILURE,
@@ -609,13 +611,16 @@ struct Started {
     resolved: Vec<std::net::SocketAddr>,
     /// The events host's addresses (empty without events or for an IP literal).
     events_resolved: Vec<std::net::SocketAddr>,
+    /// A session the serve-http launcher started (behind its front).
+    relayed: bool,
 }
 
 async fn run(
     started: Started,
     (spawner_sock, spawner_pid): (std::os::fd::OwnedFd, nix::unistd::Pid),
 ) -> Result<Ended, Box<dyn std::error::Error>> {
-    let Started { config, policy, audit, grants, transfer_dirs, tasks, mut token, resolved, events_resolved } = started;
+    let Started { config, policy, audit, grants, transfer_dirs, tasks, mut token, resolved, events_resolved, relayed } =
+        started;
     let spawner = spawner::SpawnerClient::start(spawner_sock, spawner_pid)?;
     let spawner_gone = spawner.gone();
     let fatal = tokio_util::sync::CancellationToken::new();
@@ -734,7 +739,7 @@ async fn run(
         },
     );
     let info = serde_json::to_value(server::implementation())?;
-    let transport = transport::LineTransport::stdio(info);
+    let transport = transport::LineTransport::stdio(info).relayed(relayed);
     let stdout = transport.stdout_state();
     let result = match server.serve(transport).await {
         Ok(running) => {

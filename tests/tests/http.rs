@@ -1075,6 +1075,111 @@ fn a_legacy_elicitation_round_trips_over_the_call_stream() {
     assert_eq!(sent, [json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}})]);
 }
 
+/// Concurrent legacy calls that each need input: every `elicitation/create`
+/// travels on the stream of the call that asked, also while a JSON-only
+/// request is the newest in flight (which must never get another call's
+/// server request: its client cannot read one), and every call completes
+/// with the answers given on its own stream.
+#[test]
+fn concurrent_legacy_elicitations_each_reach_the_call_that_asked() {
+    const CALLS: usize = 8;
+    let dir = temp_dir("elicit-many");
+    let fake = Fake::start(Some("t0k"));
+    fake.fake.set_fault("get_status", snowluma_fake::Fault::Hang);
+    let url = fake.fake.url();
+    let env = [("SNOWLUMA_MCP_ENDPOINT", url.as_str()), ("SNOWLUMA_MCP_MODE", "read"), ("SNOWLUMA_MCP_TOKEN", "t0k")];
+    let s = Server::start(&dir, &env, &[]);
+    let sid = s.initialize_with(ALICE, json!({"elicitation": {"form": {}}}));
+    let post = {
+        let (client, url, sid) = (s.client.clone(), s.url(), sid.clone());
+        move |body: &Value, accept: &str| {
+            client
+                .post(&url)
+                .header("authorization", format!("Bearer {ALICE}"))
+                .header("mcp-session-id", &sid)
+                .header("mcp-protocol-version", "2025-11-25")
+                .header("accept", accept)
+                .body(serde_json::to_vec(body).unwrap())
+                .send()
+        }
+    };
+    let answer = |id: &Value, fields: Value| json!({"jsonrpc": "2.0", "id": id, "result": {"action": "accept", "content": {"params_json": fields.to_string()}}});
+    let results = s.rt.block_on(async {
+        let (asked_tx, mut asked_rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+        let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+        let mut calls = Vec::new();
+        for i in 0..CALLS {
+            let (post, asked_tx, mut go) = (post.clone(), asked_tx.clone(), go_rx.clone());
+            calls.push(tokio::spawn(async move {
+                let call = json!({"jsonrpc": "2.0", "id": format!("call-{i}"), "method": "tools/call", "params": {
+                    "name": "query_action_with_input", "arguments": {"action": "get_group_member_info", "params": {}}}});
+                let mut resp = post(&call, "application/json, text/event-stream").await.unwrap();
+                assert_eq!(resp.headers().get("content-type").unwrap(), "text/event-stream");
+                let mut buf = String::new();
+                let mut asked = 0;
+                // Bounded: two input requests, then the response ends the stream.
+                loop {
+                    let msg = next_sse(&mut resp, &mut buf).await;
+                    if msg["method"] == "elicitation/create" {
+                        asked += 1;
+                        let fields = if asked == 1 {
+                            // Answer only part of it once a JSON-only request
+                            // is the newest in flight: the call asks again.
+                            asked_tx.send(i).unwrap();
+                            go.wait_for(|g| *g).await.unwrap();
+                            json!({"group_id": 1000 + i})
+                        } else {
+                            json!({"user_id": 2000 + i})
+                        };
+                        let r = post(&answer(&msg["id"], fields), "application/json, text/event-stream").await.unwrap();
+                        assert_eq!(r.status().as_u16(), 202);
+                    } else if msg.get("result").is_some() || msg.get("error").is_some() {
+                        return (i, asked, msg);
+                    }
+                }
+            }));
+        }
+        let deadline = tokio::time::Instant::now() + SAFETY;
+        for _ in 0..CALLS {
+            tokio::time::timeout_at(deadline, asked_rx.recv())
+                .await
+                .expect("every call gets its first input request on its own stream");
+        }
+        // A JSON-only request that stays in flight (SnowLuma never answers).
+        let hang = json!({"jsonrpc": "2.0", "id": "json-only", "method": "tools/call", "params": {
+            "name": "query_action", "arguments": {"action": "get_status", "params": {}}}});
+        let json_only = tokio::spawn(post(&hang, "application/json"));
+        while !fake.fake.requests().iter().any(|r| r.action.as_deref() == Some("get_status")) {
+            assert!(tokio::time::Instant::now() < deadline, "SnowLuma received the JSON-only request");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        go_tx.send(true).unwrap();
+        let mut results = Vec::new();
+        for c in calls {
+            results.push(tokio::time::timeout_at(deadline, c).await.expect("every call completes").unwrap());
+        }
+        json_only.abort();
+        results
+    });
+    for (i, asked, msg) in &results {
+        assert_eq!(*asked, 2, "call {i}: both input requests on its stream");
+        assert_eq!(msg["id"], format!("call-{i}"));
+        assert!(!is_error(&msg["result"]), "{msg}");
+    }
+    // Each call was executed once, with the two answers given on its stream.
+    let mut sent: Vec<(i64, i64)> = fake
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.action.as_deref() == Some("get_group_member_info"))
+        .filter_map(|r| r.json())
+        .map(|j| (j["params"]["group_id"].as_i64().unwrap(), j["params"]["user_id"].as_i64().unwrap()))
+        .collect();
+    sent.sort();
+    let want: Vec<(i64, i64)> = (0..CALLS as i64).map(|i| (1000 + i, 2000 + i)).collect();
+    assert_eq!(sent, want);
+}
+
 /// A legacy client that disappears mid-write: its session is not tied to a
 /// connection, so it ends when it has been idle for `--idle-timeout` (no
 /// request and no stream open); the write is cancelled and audited unknown.

@@ -961,7 +961,7 @@ async fn relay(
     let Some(mut guard) = acquire_request(shared, token_id) else {
         return too_many("Too many concurrent requests for this token");
     };
-    let Some(sent) = tree.request(msg).await else {
+    let Some(sent) = tree.request(msg, wants_sse).await else {
         guard.done = true;
         return rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session has ended");
     };

@@ -2,7 +2,7 @@
 //! the requests in flight (client ids rewritten to ids unique in the
 //! session), and where each message the server writes goes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -15,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 /// Largest line read from a session (a tool result within the IPC limit).
 const MAX_LINE: usize = 64 * 1024 * 1024;
 const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+/// Server requests announced by the session's marker and not yet seen.
+const MAX_RELATED: usize = 256;
 
 struct Pending {
     client_id: Value,
@@ -22,6 +24,8 @@ struct Pending {
     progress: Option<Value>,
     /// The HTTP response (stream or JSON wait) is still there.
     open: bool,
+    /// The client takes an SSE stream: server requests may go there.
+    sse: bool,
 }
 
 struct State {
@@ -29,6 +33,8 @@ struct State {
     pending: BTreeMap<u64, Pending>,
     get_stream: Option<UnboundedSender<Value>>,
     last_active: Instant,
+    /// Server request (its id as JSON text) → the request it was made in.
+    related: HashMap<String, u64>,
 }
 
 impl State {
@@ -72,6 +78,7 @@ impl Tree {
                 pending: BTreeMap::new(),
                 get_stream: None,
                 last_active: Instant::now(),
+                related: HashMap::new(),
             }),
             ended: CancellationToken::new(),
         });
@@ -119,15 +126,16 @@ impl Tree {
     }
 
     /// Relay a client request: its id becomes a fresh internal one. The
-    /// receiver gets every message for it, the response last.
-    pub async fn request(&self, mut msg: Value) -> Option<Sent> {
+    /// receiver gets every message for it, the response last. `sse`: its
+    /// client takes an SSE stream (server requests may go there).
+    pub async fn request(&self, mut msg: Value, sse: bool) -> Option<Sent> {
         let client_id = msg.get("id").cloned()?;
         let progress = msg.pointer("/params/_meta/progressToken").cloned();
         let (tx, rx) = unbounded_channel();
         let internal = self.with(|st| {
             let n = st.next;
             st.next += 1;
-            st.pending.insert(n, Pending { client_id, tx, progress, open: true });
+            st.pending.insert(n, Pending { client_id, tx, progress, open: true, sse });
             st.last_active = Instant::now();
             n
         })?;
@@ -217,7 +225,7 @@ impl Tree {
         self.ended.cancel();
     }
 
-    async fn read_loop(&self, read: OwnedReadHalf) {
+    async fn read_loop(self: &Arc<Self>, read: OwnedReadHalf) {
         let mut reader = BufReader::new(read);
         let mut line = Vec::new();
         loop {
@@ -237,7 +245,20 @@ impl Tree {
     }
 
     /// Deliver one message from the server.
-    fn route(&self, mut msg: Value) {
+    fn route(self: &Arc<Self>, mut msg: Value) {
+        if msg.get("method").and_then(Value::as_str) == Some(super::RELATED_METHOD) {
+            let server_id = msg.pointer("/params/id").map(Value::to_string);
+            let related = msg.pointer("/params/relatedRequestId").and_then(Value::as_u64);
+            if let (Some(server_id), Some(related)) = (server_id, related) {
+                self.with(|st| {
+                    if st.related.len() < MAX_RELATED {
+                        st.related.insert(server_id, related);
+                    }
+                });
+            }
+            return;
+        }
+        let mut undeliverable = None;
         let _ = self.with(|st| {
             st.last_active = Instant::now();
             let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
@@ -257,19 +278,28 @@ impl Tree {
                     }
                 }
                 (None, None) => {}
-                // A server request (legacy: elicitation): on the stream of
-                // the latest request whose client still listens, else GET.
+                // A server request (legacy: elicitation) goes on the stream
+                // of the request it was made in (the session's marker named
+                // it), else on the GET stream; never on another request's
+                // response, whose client did not ask for it (and may not
+                // even read a stream).
                 (Some(_), _) if msg.get("id").is_some() => {
-                    let target = st.pending.values().rev().find(|p| p.open).map(|p| p.tx.clone());
-                    match target {
-                        Some(tx) => {
-                            let _ = tx.send(msg);
-                        }
-                        None => {
-                            if let Some(g) = &st.get_stream {
-                                let _ = g.send(msg);
-                            }
-                        }
+                    let server_id = msg.get("id").cloned().unwrap_or(Value::Null);
+                    let related = st.related.remove(&server_id.to_string());
+                    let target = related
+                        .and_then(|k| st.pending.get(&k))
+                        .filter(|p| p.open && p.sse && !p.tx.is_closed())
+                        .map(|p| p.tx.clone());
+                    let rest = match target {
+                        Some(tx) => tx.send(msg).map_err(|e| e.0),
+                        None => Err(msg),
+                    };
+                    let rest = match (rest, &st.get_stream) {
+                        (Err(msg), Some(g)) => g.send(msg).map_err(|e| e.0),
+                        (rest, _) => rest,
+                    };
+                    if rest.is_err() {
+                        undeliverable = Some(server_id);
                     }
                 }
                 (Some(m), _) => {
@@ -312,6 +342,17 @@ impl Tree {
                 }
             }
         });
+        // No stream of this client can carry the server's request: answer it
+        // in the client's place, so that the call that made it goes on (a
+        // legacy input request then fails, and nothing is executed).
+        if let Some(id) = undeliverable {
+            let tree = self.clone();
+            tokio::spawn(async move {
+                tree.write(&json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603,
+                    "message": "the HTTP client has no open stream for this request"}}))
+                    .await;
+            });
+        }
     }
 }
 
@@ -342,10 +383,11 @@ mod tests {
         let mut a = tree
             .request(
                 json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"_meta": {"progressToken": "p"}}}),
+                true,
             )
             .await
             .unwrap();
-        let mut b = tree.request(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})).await.unwrap();
+        let mut b = tree.request(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}), false).await.unwrap();
         let (la, lb) = (line(&mut r).await, line(&mut r).await);
         assert_ne!(la["id"], lb["id"]);
         assert_eq!(la["id"], json!(a.internal));
@@ -364,7 +406,7 @@ mod tests {
         assert_eq!(b.rx.recv().await.unwrap()["result"], json!({"tools": []}));
         assert!(a.rx.recv().await.is_none(), "the response ends the stream");
         // A client cancellation names its own id and reaches the internal one.
-        let c = tree.request(json!({"jsonrpc": "2.0", "id": "c", "method": "tools/call"})).await.unwrap();
+        let c = tree.request(json!({"jsonrpc": "2.0", "id": "c", "method": "tools/call"}), true).await.unwrap();
         let _ = line(&mut r).await;
         assert!(
             tree.forward(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "c"}}))
@@ -373,8 +415,10 @@ mod tests {
         let cancel = line(&mut r).await;
         assert_eq!(cancel["params"]["requestId"], json!(c.internal));
         // A listen stream's notifications carry the client's id back.
-        let mut l =
-            tree.request(json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen"})).await.unwrap();
+        let mut l = tree
+            .request(json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen"}), true)
+            .await
+            .unwrap();
         let _ = line(&mut r).await;
         let n = json!({"jsonrpc": "2.0", "method": "notifications/resources/updated",
             "params": {"uri": "x", "_meta": {SUBSCRIPTION_ID: l.internal}}});
@@ -387,5 +431,40 @@ mod tests {
         assert_eq!(cancel["params"]["requestId"], json!(l.internal));
         let mut rest = String::new();
         assert_eq!(r.read_line(&mut rest).await.unwrap(), 0, "stdin closed");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_server_request_goes_to_the_request_it_was_made_in() {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let tree = Tree::start(1, "t".into(), [0; 32], ours);
+        let (r, mut w) = theirs.into_split();
+        let mut r = BufReader::new(r);
+        let mut asking =
+            tree.request(json!({"jsonrpc": "2.0", "id": "ask", "method": "tools/call"}), true).await.unwrap();
+        let mut json_only =
+            tree.request(json!({"jsonrpc": "2.0", "id": "other", "method": "tools/call"}), false).await.unwrap();
+        let mut newest =
+            tree.request(json!({"jsonrpc": "2.0", "id": "new", "method": "tools/list"}), true).await.unwrap();
+        for _ in 0..3 {
+            let _ = line(&mut r).await;
+        }
+        let marker = json!({"jsonrpc": "2.0", "method": super::super::RELATED_METHOD,
+            "params": {"id": 0, "relatedRequestId": asking.internal}});
+        let ask = json!({"jsonrpc": "2.0", "id": 0, "method": "elicitation/create", "params": {"message": "m"}});
+        w.write_all(format!("{marker}\n{ask}\n").as_bytes()).await.unwrap();
+        assert_eq!(asking.rx.recv().await.unwrap(), ask, "unchanged, on the asking call's stream");
+        // Without a marker, and no GET stream: answered in the client's place.
+        let stray = json!({"jsonrpc": "2.0", "id": 1, "method": "elicitation/create", "params": {"message": "m"}});
+        w.write_all(format!("{stray}\n").as_bytes()).await.unwrap();
+        let answer = line(&mut r).await;
+        assert_eq!(answer["id"], 1);
+        assert_eq!(answer["error"]["code"], -32603);
+        // With a GET stream open, that is where it goes.
+        let mut get = tree.open_get_stream().unwrap();
+        let stray = json!({"jsonrpc": "2.0", "id": 2, "method": "elicitation/create", "params": {"message": "m"}});
+        w.write_all(format!("{stray}\n").as_bytes()).await.unwrap();
+        assert_eq!(get.recv().await.unwrap()["id"], 2);
+        // Nothing reached the other requests.
+        assert!(json_only.rx.try_recv().is_err() && newest.rx.try_recv().is_err());
     }
 }
