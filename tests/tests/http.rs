@@ -716,6 +716,150 @@ fn the_session_and_request_limits_per_token_hold() {
     assert!(status.starts_with("HTTP/1.1 413"), "{status}");
 }
 
+/// A raw HTTP/1.1 request: `head` (request line and header lines, each
+/// without its CRLF) with the `Host` header added, then the first
+/// `body_prefix` bytes of its body.
+fn raw_request(addr: &str, head: &[&str], body_prefix: &[u8]) -> std::net::TcpStream {
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    let mut text = format!("{}\r\nHost: {addr}\r\n", head[0]);
+    for h in &head[1..] {
+        text.push_str(h);
+        text.push_str("\r\n");
+    }
+    text.push_str("\r\n");
+    conn.write_all(text.as_bytes()).unwrap();
+    conn.write_all(body_prefix).unwrap();
+    conn
+}
+
+/// The status and body of the response on `conn` (read until its
+/// `Content-Length`).
+fn raw_response(conn: &std::net::TcpStream) -> (u16, String) {
+    use std::io::Read;
+    conn.set_read_timeout(Some(SAFETY)).unwrap();
+    let mut r = BufReader::new(conn);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+    let mut len = 0;
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).unwrap();
+        if h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The front's peak RSS stays under what README's Limits table states for
+/// it, under the largest request load the limits allow: every token's 32
+/// requests at once, each an 8 MiB body. Request bodies count against one
+/// budget (64 MiB, at most half of it for one token): beyond a token's
+/// share the answer is 429, beyond the budget 503, each with a body that
+/// says so.
+#[test]
+fn the_fronts_memory_stays_under_its_stated_limit() {
+    /// README, Limits: "the HTTP front's memory".
+    const FRONT_PEAK_MIB: u64 = 400;
+    const MIB: usize = 1024 * 1024;
+    let dir = temp_dir("memory");
+    let s = Server::start(&dir, &[], &[]);
+    let modern_head = |token: &str, len: usize| {
+        [
+            "POST /mcp HTTP/1.1".to_owned(),
+            format!("Authorization: Bearer {token}"),
+            "Content-Type: application/json".to_owned(),
+            "Accept: application/json, text/event-stream".to_owned(),
+            format!("MCP-Protocol-Version: {MODERN}"),
+            "Mcp-Method: tools/call".to_owned(),
+            "Mcp-Name: get_action".to_owned(),
+            format!("Content-Length: {len}"),
+        ]
+    };
+    let raw = |token: &str, len: usize, prefix: &[u8]| {
+        let head = modern_head(token, len);
+        raw_request(&s.addr, &head.iter().map(String::as_str).collect::<Vec<_>>(), prefix)
+    };
+    // Bodies that are still arriving hold their share: four of alice's
+    // fill her 32 MiB, four of bob's the rest of the budget.
+    let mut trickling = Vec::new();
+    for _ in 0..4 {
+        trickling.push(raw(ALICE, 8 * MIB, b"{"));
+    }
+    // A probe: 1 MiB of a body that is not a message (400 once read).
+    let probe: Vec<u8> = [&b"{}"[..], &vec![b' '; MIB - 2]].concat();
+    let (status, body) = wait_until("alice's share is held", || {
+        let r = raw_response(&raw(ALICE, MIB, &probe));
+        if r.0 == 429 { Ok(r) } else { Err(r) }
+    });
+    assert_eq!(status, 429);
+    assert!(body.contains("request data") && body.contains("this token"), "{body}");
+    for _ in 0..4 {
+        trickling.push(raw(BOB, 8 * MIB, b"{"));
+    }
+    let (status, body) = wait_until("the whole budget is held", || {
+        let r = raw_response(&raw(ALICE2, MIB, &probe));
+        if r.0 == 503 { Ok(r) } else { Err(r) }
+    });
+    assert!(body.contains("too much request data") && body.contains("retry"), "{status} {body}");
+    drop(trickling);
+    wait_until("the budget is free again", || {
+        let small = raw(ALICE2, 2, b"{}");
+        (raw_response(&small).0 == 400).then_some(())
+    });
+    // The largest load: 3 tokens x 32 requests of 8 MiB at once.
+    let mut params = json!({"name": "get_action", "arguments": {"name": "get_status", "pad": ""}});
+    params["_meta"] = modern_meta();
+    let mut msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    let skeleton = serde_json::to_vec(&msg).unwrap().len();
+    msg["params"]["arguments"]["pad"] = json!("x".repeat(8 * MIB - skeleton));
+    // One copy for every request (a static slice is sent without copying).
+    let body: &'static [u8] = Box::leak(serde_json::to_vec(&msg).unwrap().into_boxed_slice());
+    assert_eq!(body.len(), 8 * MIB);
+    let statuses = s.rt.block_on(async {
+        let mut all = Vec::new();
+        for token in [ALICE, ALICE2, BOB] {
+            for _ in 0..32 {
+                let req = s
+                    .client
+                    .post(s.url())
+                    .header("authorization", format!("Bearer {token}"))
+                    .header("accept", "application/json, text/event-stream")
+                    .header("mcp-protocol-version", MODERN)
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", "get_action")
+                    .body(body);
+                all.push(tokio::spawn(async move { req.send().await.map(|r| r.status().as_u16()) }));
+            }
+        }
+        let mut statuses = Vec::new();
+        for a in all {
+            statuses.push(a.await.unwrap().unwrap());
+        }
+        statuses
+    });
+    let count = |c: u16| statuses.iter().filter(|s| **s == c).count();
+    assert!(statuses.iter().all(|c| [200, 429, 503].contains(c)), "{statuses:?}");
+    assert!(count(200) > 0, "{statuses:?}");
+    let peak_kib: u64 = status_field(s.front_pid(), "VmHWM").trim_end_matches(" kB").parse().unwrap();
+    assert!(
+        peak_kib < FRONT_PEAK_MIB * 1024,
+        "the front peaked at {} MiB ({} answered, {} 429, {} 503)",
+        peak_kib / 1024,
+        count(200),
+        count(429),
+        count(503)
+    );
+}
+
 #[test]
 fn idle_sessions_expire() {
     let dir = temp_dir("idle");

@@ -8,7 +8,7 @@
 // per refused request, so boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
@@ -19,16 +19,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming, SizeHint};
 use serde_json::{Value, json};
 use sha2::Digest;
 use tokio::sync::mpsc::UnboundedReceiver;
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::control::{Channel, FrontSetup, ToFront, ToLauncher, TokenDigest};
-use super::relay::Tree;
+use super::message::{self, ClientMessage, Named, Refusal};
+use super::relay::{ClientRequest, Kind, Outgoing, Tree};
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -43,6 +44,11 @@ const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the headers (hyper) and then the body may take to arrive.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The request bodies the front holds at once (being read, or waiting to be
+/// written to their session), all tokens together; beyond it, 503.
+pub const REQUEST_BUDGET: usize = 64 * 1024 * 1024;
+/// The same for one token; beyond it, 429.
+pub const TOKEN_REQUEST_SHARE: usize = REQUEST_BUDGET / 2;
 
 /// The TLS configuration from PEM texts (ring provider, TLS 1.2 and 1.3).
 pub fn tls_acceptor(cert: &str, key: &str) -> Result<tokio_rustls::TlsAcceptor, String> {
@@ -127,6 +133,8 @@ pub fn main(allow_unconfined: bool) -> ExitCode {
 struct Usage {
     sessions: u32,
     requests: u32,
+    /// KiB of request bodies held (see [`BodyCharge`]).
+    body_kib: usize,
 }
 
 /// Who waits for the launcher's answer to a spawn: the session number and
@@ -153,6 +161,11 @@ struct Shared {
     spawns: Mutex<HashMap<u64, SpawnWaiter>>,
     next_req: AtomicU64,
     shutdown: CancellationToken,
+    /// KiB of request bodies ([`REQUEST_BUDGET`]).
+    request_budget: Arc<Semaphore>,
+    /// KiB of lines read from the sessions and not yet taken by their
+    /// clients (`relay::RESPONSE_BUDGET_KIB`).
+    response_budget: Arc<Semaphore>,
 }
 
 enum Listener {
@@ -191,6 +204,8 @@ async fn serve(
         spawns: Mutex::new(HashMap::new()),
         next_req: AtomicU64::new(1),
         shutdown: CancellationToken::new(),
+        request_budget: Arc::new(Semaphore::new(REQUEST_BUDGET / 1024)),
+        response_budget: Arc::new(Semaphore::new(super::relay::RESPONSE_BUDGET_KIB)),
     });
     tokio::spawn(control_loop(shared.clone()));
     tokio::spawn(reaper(shared.clone()));
@@ -307,15 +322,43 @@ fn unauthorized() -> Response<Body> {
     r
 }
 
-fn sse_event(msg: &Value) -> Bytes {
-    let mut out = b"event: message\ndata: ".to_vec();
-    out.extend(serde_json::to_vec(msg).unwrap_or_default());
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+/// A body of pieces of known total size (a message relayed as the slices
+/// of the line its session wrote): no copy, and a `Content-Length`.
+struct Pieces {
+    pieces: VecDeque<Bytes>,
+    left: u64,
 }
 
-fn is_response(msg: &Value) -> bool {
-    msg.get("method").is_none() && (msg.get("result").is_some() || msg.get("error").is_some())
+impl hyper::body::Body for Pieces {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let next = self.pieces.pop_front();
+        if let Some(b) = &next {
+            self.left = self.left.saturating_sub(b.len() as u64);
+        }
+        std::task::Poll::Ready(next.map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+}
+
+fn json_message(status: StatusCode, msg: Outgoing) -> Response<Body> {
+    let left = msg.len() as u64;
+    let mut r = Response::new(Pieces { pieces: msg.pieces.into(), left }.boxed_unsync());
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
 }
 
 /// Held while a request's HTTP response lives: releases its place in the
@@ -344,33 +387,50 @@ impl Drop for Guard {
     }
 }
 
-fn sse(first: Option<Value>, rx: UnboundedReceiver<Value>, guard: Guard) -> Response<Body> {
-    let stream = futures::stream::unfold((first, rx, guard), |(mut first, mut rx, mut guard)| async move {
-        if guard.done {
-            return None;
-        }
-        let next = match first.take() {
-            Some(m) => Some(m),
-            None => tokio::select! {
-                m = rx.recv() => m,
-                _ = tokio::time::sleep(KEEPALIVE) => {
-                    return Some((Ok(Frame::data(Bytes::from_static(b": keepalive\n\n"))), (None, rx, guard)));
-                }
-            },
-        };
-        match next {
-            // The tree ended without answering: nothing to cancel.
-            None => {
-                let mut guard = guard;
-                guard.done = true;
-                drop(guard);
-                None
+struct SseState {
+    first: Option<Outgoing>,
+    rx: UnboundedReceiver<Outgoing>,
+    guard: Guard,
+    /// The frames of the message being sent: each message is its event
+    /// prefix, its pieces (as the session wrote them) and the blank line.
+    queue: VecDeque<Bytes>,
+}
+
+fn sse(first: Option<Outgoing>, rx: UnboundedReceiver<Outgoing>, guard: Guard) -> Response<Body> {
+    let start = SseState { first, rx, guard, queue: VecDeque::new() };
+    let stream = futures::stream::unfold(start, |mut st| async move {
+        // Bounded: each turn yields a frame, or queues one message's frames.
+        loop {
+            if let Some(b) = st.queue.pop_front() {
+                return Some((Ok::<_, Infallible>(Frame::data(b)), st));
             }
-            Some(msg) => {
-                if is_response(&msg) || msg.get("method").and_then(Value::as_str) == Some("notifications/cancelled") {
-                    guard.done = true;
+            if st.guard.done {
+                return None;
+            }
+            let next = match st.first.take() {
+                Some(m) => Some(m),
+                None => tokio::select! {
+                    m = st.rx.recv() => m,
+                    _ = tokio::time::sleep(KEEPALIVE) => {
+                        return Some((Ok(Frame::data(Bytes::from_static(b": keepalive\n\n"))), st));
+                    }
+                },
+            };
+            match next {
+                // The tree ended without answering: nothing to cancel.
+                None => {
+                    st.guard.done = true;
+                    drop(st);
+                    return None;
                 }
-                Some((Ok::<_, Infallible>(Frame::data(sse_event(&msg))), (None, rx, guard)))
+                Some(msg) => {
+                    if msg.kind != Kind::Other {
+                        st.guard.done = true;
+                    }
+                    st.queue.push_back(Bytes::from_static(b"event: message\ndata: "));
+                    st.queue.extend(msg.pieces);
+                    st.queue.push_back(Bytes::from_static(b"\n\n"));
+                }
             }
         }
     });
@@ -531,7 +591,7 @@ async fn spawn_tree(shared: &Arc<Shared>, token: &TokenDigest, peer: &str) -> Re
             release();
             rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "Cannot start a session")
         })?;
-    let tree = Tree::start(session, token_id.to_owned(), token.sha256, stream);
+    let tree = Tree::start(session, token_id.to_owned(), token.sha256, stream, shared.response_budget.clone());
     if let Ok(mut t) = shared.trees.lock() {
         t.push(tree.clone());
     }
@@ -747,48 +807,168 @@ fn decode_header_value(v: &str) -> Option<String> {
 
 /// The 2026-07-28 transport's header rules (SEP-2243): the headers mirror
 /// the body, or the request is refused with `HeaderMismatch`.
-fn check_modern_headers(h: &HeaderMap, msg: &Value) -> Result<(), String> {
-    let id_version = msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").and_then(Value::as_str);
-    match (header_str(h, "mcp-protocol-version"), id_version) {
+fn check_modern_headers(h: &HeaderMap, msg: &ClientMessage) -> Result<(), String> {
+    match (header_str(h, "mcp-protocol-version"), msg.version.as_deref()) {
         (None, _) => return Err("the MCP-Protocol-Version header is missing".into()),
         (Some(hv), Some(bv)) if hv != bv => {
             return Err("the MCP-Protocol-Version header does not match the request's protocolVersion".into());
         }
         _ => {}
     }
-    let method = msg.get("method").and_then(Value::as_str).unwrap_or_default();
+    let method = msg.method.as_deref().unwrap_or_default();
     match header_str(h, "mcp-method") {
         None => return Err("the Mcp-Method header is missing".into()),
         Some(m) if m != method => return Err("the Mcp-Method header does not match the request's method".into()),
         _ => {}
     }
     let name = match method {
-        "tools/call" | "prompts/get" => msg.pointer("/params/name").and_then(Value::as_str),
-        "resources/read" => msg.pointer("/params/uri").and_then(Value::as_str),
+        "tools/call" | "prompts/get" => &msg.name,
+        "resources/read" => &msg.uri,
         _ => return Ok(()),
     };
     match (header_str(h, "mcp-name").map(decode_header_value), name) {
-        (None, Some(_)) => Err("the Mcp-Name header is missing".into()),
+        (None, Named::Text(_) | Named::TooLong) => Err("the Mcp-Name header is missing".into()),
         (Some(None), _) => Err("the Mcp-Name header is malformed".into()),
-        (Some(Some(hv)), Some(bv)) if hv != bv => Err("the Mcp-Name header does not match the request".into()),
+        (Some(Some(_)), Named::TooLong) => Err("the Mcp-Name header does not match the request".into()),
+        (Some(Some(hv)), Named::Text(bv)) if hv != *bv => Err("the Mcp-Name header does not match the request".into()),
         _ => Ok(()),
     }
 }
 
-async fn read_body(shared: &Shared, req: Request<Incoming>) -> Result<Bytes, Response<Body>> {
+/// A request body's place in the front's budgets: all tokens'
+/// ([`REQUEST_BUDGET`]) and its token's ([`TOKEN_REQUEST_SHARE`]). Held
+/// until the body is written to its session (or dropped).
+struct BodyCharge {
+    shared: Arc<Shared>,
+    token_id: String,
+    kib: usize,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl BodyCharge {
+    /// Hold `bytes` in all, or answer 429 (the token's share) or 503 (all).
+    fn grow_to(&mut self, bytes: usize) -> Result<(), Response<Body>> {
+        let want = bytes.div_ceil(1024);
+        let Some(more) = want.checked_sub(self.kib).filter(|m| *m > 0) else { return Ok(()) };
+        let share = self.shared.usage.lock().map_err(|_| empty(StatusCode::INTERNAL_SERVER_ERROR)).and_then(|mut u| {
+            let u = u.entry(self.token_id.clone()).or_default();
+            if (u.body_kib + more) * 1024 > TOKEN_REQUEST_SHARE {
+                return Err(too_many("Too much request data in flight for this token (32 MiB); retry later"));
+            }
+            u.body_kib += more;
+            Ok(())
+        });
+        share?;
+        let got =
+            u32::try_from(more).ok().and_then(|n| self.shared.request_budget.clone().try_acquire_many_owned(n).ok());
+        let Some(got) = got else {
+            self.release_share(more);
+            let mut r = rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Null,
+                -32000,
+                "Service Unavailable: the server holds too much request data from all clients (64 MiB); retry later",
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Err(r);
+        };
+        match &mut self.permit {
+            Some(p) => p.merge(got),
+            None => self.permit = Some(got),
+        }
+        self.kib = want;
+        Ok(())
+    }
+
+    /// Hold only `bytes` (at least one KiB) from now on.
+    fn shrink_to(&mut self, bytes: usize) {
+        let want = bytes.div_ceil(1024).max(1);
+        let Some(less) = self.kib.checked_sub(want).filter(|l| *l > 0) else { return };
+        if let Some(p) = &mut self.permit {
+            drop(p.split(less));
+        }
+        self.release_share(less);
+        self.kib = want;
+    }
+
+    fn release_share(&self, kib: usize) {
+        if let Ok(mut u) = self.shared.usage.lock()
+            && let Some(u) = u.get_mut(&self.token_id)
+        {
+            u.body_kib = u.body_kib.saturating_sub(kib);
+        }
+    }
+}
+
+impl Drop for BodyCharge {
+    fn drop(&mut self) {
+        self.release_share(self.kib);
+    }
+}
+
+/// Read a request body into one buffer, within the size limit, the time
+/// limit and the budgets. With a `Content-Length` the buffer is that size at
+/// once; a chunked body grows it (doubling, charged as it grows).
+async fn read_body(
+    shared: &Arc<Shared>,
+    token_id: &str,
+    req: Request<Incoming>,
+) -> Result<(Vec<u8>, BodyCharge), Response<Body>> {
     let too_large = || rpc_error(StatusCode::PAYLOAD_TOO_LARGE, Value::Null, -32600, "Request body too large");
-    if let Some(len) = header_str(req.headers(), "content-length").and_then(|v| v.parse::<u64>().ok())
-        && len > shared.max_body as u64
-    {
+    let declared = header_str(req.headers(), "content-length").and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > shared.max_body as u64) {
         return Err(too_large());
     }
+    let mut charge = BodyCharge { shared: shared.clone(), token_id: token_id.to_owned(), kib: 0, permit: None };
+    let declared = declared.and_then(|l| usize::try_from(l).ok());
+    let mut incoming = req.into_body();
     // A body that trickles in holds a connection; it gets as long as the
     // headers do.
-    match tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), shared.max_body).collect()).await {
-        Err(_elapsed) => Err(empty(StatusCode::REQUEST_TIMEOUT)),
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(_)) => Err(empty(StatusCode::BAD_REQUEST)),
+    let deadline = tokio::time::sleep(BODY_TIMEOUT);
+    tokio::pin!(deadline);
+    let mut refused = declared.map(|len| charge.grow_to(len)).and_then(Result::err);
+    let mut body: Vec<u8> = Vec::with_capacity(if refused.is_none() { declared.unwrap_or(0) } else { 0 });
+    let mut read = 0usize;
+    // Bounded: every frame adds data (the size limit ends it) or ends the body.
+    loop {
+        let frame = tokio::select! {
+            f = incoming.frame() => f,
+            () = &mut deadline => return Err(empty(StatusCode::REQUEST_TIMEOUT)),
+        };
+        let data = match frame {
+            None => break,
+            Some(Err(_)) => return Err(empty(StatusCode::BAD_REQUEST)),
+            Some(Ok(f)) => match f.into_data() {
+                Ok(d) => d,
+                Err(_trailers) => continue,
+            },
+        };
+        read += data.len();
+        if read > shared.max_body {
+            return Err(too_large());
+        }
+        // A body refused for the budget is still read (and dropped as it
+        // comes), so that its client gets the answer rather than a broken
+        // connection in the middle of its upload.
+        if refused.is_some() {
+            continue;
+        }
+        if read > body.capacity() {
+            // While the buffer moves, the old and the new one both exist.
+            let cap = read.max(body.capacity() * 2).max(64 * 1024).min(shared.max_body);
+            if let Err(r) = charge.grow_to(body.capacity() + cap) {
+                refused = Some(r);
+                body = Vec::new();
+                continue;
+            }
+            body.reserve_exact(cap - body.len());
+            charge.shrink_to(body.capacity());
+        }
+        body.extend_from_slice(&data);
+    }
+    match refused {
+        Some(r) => Err(r),
+        None => Ok((body, charge)),
     }
 }
 
@@ -817,28 +997,26 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token: TokenDigest, req: Req
             "Unsupported Media Type: application/json",
         );
     }
-    let body = match read_body(&shared, req).await {
+    let (mut body, charge) = match read_body(&shared, &token_id, req).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
-        return rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32700, "Parse error");
+    // Only the envelope is read; the body goes on as the client sent it.
+    let msg = match message::client(&body) {
+        Ok(m) => m,
+        Err(Refusal::Parse) => return rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32700, "Parse error"),
+        Err(Refusal::Invalid(why)) => {
+            return rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32600, &format!("Invalid Request: {why}"));
+        }
     };
-    if !msg.is_object() || msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return rpc_error(
-            StatusCode::BAD_REQUEST,
-            Value::Null,
-            -32600,
-            "Invalid Request: one JSON-RPC 2.0 message per POST",
-        );
-    }
-    let id = msg.get("id").cloned().unwrap_or(Value::Null);
-    let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
-    let is_request = method.is_some() && msg.get("id").is_some();
+    message::one_line(&mut body);
+    let id: Value = msg.id.as_ref().map(|i| i.value.clone()).unwrap_or(Value::Null);
+    let is_request = msg.is_request();
     let legacy_versions_ok = |h: &HeaderMap| match header_str(h, "mcp-protocol-version") {
         None => true,
         Some(v) => LEGACY_VERSIONS.contains(&v),
     };
+    let relayed = Relayed { body, msg, charge };
     if headers.contains_key("mcp-session-id") {
         let tree = match legacy_session(&shared, &token_id, &headers) {
             Ok(t) => t,
@@ -847,15 +1025,15 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token: TokenDigest, req: Req
         if !legacy_versions_ok(&headers) {
             return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Unsupported MCP-Protocol-Version");
         }
-        return relay(&shared, &tree, msg, &token_id, Era::Legacy, wants_sse, None).await;
+        return relay(&shared, &tree, relayed, &token_id, Era::Legacy, wants_sse, None).await;
     }
     // A message of the modern era: its header or its `_meta` names a
     // revision the legacy era does not have.
-    let modern_signal = msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").is_some()
+    let modern_signal = relayed.msg.version_key
         || header_str(&headers, "mcp-protocol-version").is_some_and(|v| !LEGACY_VERSIONS.contains(&v));
     // `initialize` opens a legacy session; sent the modern way it is a
     // method that revision removed, answered by a tree (-32601, 404).
-    if method.as_deref() == Some("initialize") && is_request && !modern_signal {
+    if relayed.msg.method.as_deref() == Some("initialize") && is_request && !modern_signal {
         let tree = match spawn_tree(&shared, &token, &conn.peer).await {
             Ok(t) => t,
             Err(r) => return r,
@@ -865,7 +1043,7 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token: TokenDigest, req: Req
             s.insert(sid.clone(), tree.clone());
         }
         tracing::info!(session = tree.session, token_id = %token_id, "serve-http: legacy session opened");
-        return relay(&shared, &tree, msg, &token_id, Era::Legacy, wants_sse, Some(sid)).await;
+        return relay(&shared, &tree, relayed, &token_id, Era::Legacy, wants_sse, Some(sid)).await;
     }
     if !modern_signal {
         return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Bad Request: Mcp-Session-Id header is required");
@@ -879,11 +1057,12 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token: TokenDigest, req: Req
         if let Some(tree) = tree
             && !tree.ended.is_cancelled()
         {
-            tree.forward(msg).await;
+            let Relayed { body, msg, charge } = relayed;
+            tree.forward(body, cancels(&msg), charge).await;
         }
         return empty(StatusCode::ACCEPTED);
     }
-    if let Err(why) = check_modern_headers(&headers, &msg) {
+    if let Err(why) = check_modern_headers(&headers, &relayed.msg) {
         return rpc_error(StatusCode::BAD_REQUEST, id, -32020, &format!("Header mismatch: {why}"));
     }
     // The modern era has no sessions: its state lives in explicit handles
@@ -908,11 +1087,22 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token: TokenDigest, req: Req
     };
     // A request without the `_meta` every modern request carries is
     // rejected by the session (-32602), and over HTTP with a 400.
-    let meta_complete =
-        msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").is_some_and(Value::is_string)
-            && msg.pointer("/params/_meta/io.modelcontextprotocol~1clientCapabilities").is_some_and(Value::is_object);
+    let meta_complete = relayed.msg.version.is_some() && relayed.msg.capabilities_object;
     let era = Era::Modern { meta_complete };
-    relay(&shared, &tree, msg, &token_id, era, wants_sse, None).await
+    relay(&shared, &tree, relayed, &token_id, era, wants_sse, None).await
+}
+
+/// A client message on its way to a tree: its body (one line), what the
+/// front read of it, and its place in the budgets.
+struct Relayed {
+    body: Vec<u8>,
+    msg: ClientMessage,
+    charge: BodyCharge,
+}
+
+/// The id a `notifications/cancelled` names, to be translated.
+fn cancels(msg: &ClientMessage) -> Option<message::Id> {
+    (msg.method.as_deref() == Some("notifications/cancelled")).then(|| msg.request_id.clone()).flatten()
 }
 
 /// The era a relayed request belongs to, as far as its HTTP answer goes.
@@ -930,8 +1120,8 @@ enum Era {
 /// invalid-params error is a 400 only when it is about the request's
 /// missing `_meta` (other invalid params, such as an unknown resource,
 /// are answers like any other).
-fn modern_status(msg: &Value, meta_complete: bool) -> StatusCode {
-    match msg.pointer("/error/code").and_then(Value::as_i64) {
+fn modern_status(error_code: Option<i64>, meta_complete: bool) -> StatusCode {
+    match error_code {
         Some(-32601) => StatusCode::NOT_FOUND,
         Some(-32022..=-32020) => StatusCode::BAD_REQUEST,
         Some(-32602) if !meta_complete => StatusCode::BAD_REQUEST,
@@ -942,26 +1132,27 @@ fn modern_status(msg: &Value, meta_complete: bool) -> StatusCode {
 async fn relay(
     shared: &Arc<Shared>,
     tree: &Arc<Tree>,
-    msg: Value,
+    relayed: Relayed,
     token_id: &str,
     era: Era,
     wants_sse: bool,
     session_id: Option<String>,
 ) -> Response<Body> {
     let modern = matches!(era, Era::Modern { .. });
-    let is_request = msg.get("method").is_some() && msg.get("id").is_some();
-    if !is_request {
-        return if tree.forward(msg).await {
+    let Relayed { body, msg, charge } = relayed;
+    let (Some(client_id), true) = (msg.id.clone(), msg.is_request()) else {
+        return if tree.forward(body, cancels(&msg), charge).await {
             empty(StatusCode::ACCEPTED)
         } else {
             rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "The session has ended")
         };
-    }
-    let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    };
+    let id = client_id.value.clone();
     let Some(mut guard) = acquire_request(shared, token_id) else {
         return too_many("Too many concurrent requests for this token");
     };
-    let Some(sent) = tree.request(msg, wants_sse).await else {
+    let req = ClientRequest { body, id: client_id, progress: msg.progress, sse: wants_sse };
+    let Some(sent) = tree.request(req, charge).await else {
         guard.done = true;
         return rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session has ended");
     };
@@ -978,13 +1169,13 @@ async fn relay(
                 guard.done = true;
                 break rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session ended before answering");
             }
-            Some(m) if is_response(&m) => {
+            Some(m) if m.kind == Kind::Response => {
                 guard.done = true;
                 let status = match era {
-                    Era::Modern { meta_complete } => modern_status(&m, meta_complete),
+                    Era::Modern { meta_complete } => modern_status(m.error_code, meta_complete),
                     Era::Legacy => StatusCode::OK,
                 };
-                break full(status, "application/json", serde_json::to_vec(&m).unwrap_or_default());
+                break json_message(status, m);
             }
             Some(m) if wants_sse => break sse(Some(m), rx, guard),
             // A client that takes only JSON gets the response alone.
@@ -1016,6 +1207,7 @@ mod tests {
     fn modern_headers_mirror_the_body() {
         let msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "get_action",
             "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+        let msg = message::client(&serde_json::to_vec(&msg).unwrap()).unwrap();
         let ok = [("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call"), ("mcp-name", "get_action")];
         assert!(check_modern_headers(&headers(&ok), &msg).is_ok());
         let b64 = [
@@ -1051,12 +1243,11 @@ mod tests {
 
     #[test]
     fn modern_errors_map_to_their_http_status() {
-        let e = |code: i64| json!({"jsonrpc": "2.0", "id": 1, "error": {"code": code, "message": "x"}});
-        assert_eq!(modern_status(&e(-32601), true), StatusCode::NOT_FOUND);
-        assert_eq!(modern_status(&e(-32022), true), StatusCode::BAD_REQUEST);
-        assert_eq!(modern_status(&e(-32020), true), StatusCode::BAD_REQUEST);
-        assert_eq!(modern_status(&e(-32602), true), StatusCode::OK);
-        assert_eq!(modern_status(&e(-32602), false), StatusCode::BAD_REQUEST);
-        assert_eq!(modern_status(&json!({"jsonrpc": "2.0", "id": 1, "result": {}}), false), StatusCode::OK);
+        assert_eq!(modern_status(Some(-32601), true), StatusCode::NOT_FOUND);
+        assert_eq!(modern_status(Some(-32022), true), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(Some(-32020), true), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(Some(-32602), true), StatusCode::OK);
+        assert_eq!(modern_status(Some(-32602), false), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(None, false), StatusCode::OK);
     }
 }

@@ -18,6 +18,7 @@
 pub mod control;
 pub mod front;
 pub mod launcher;
+mod message;
 pub mod options;
 mod relay;
 
