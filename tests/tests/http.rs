@@ -964,14 +964,14 @@ fn a_client_that_disappears_mid_write_has_its_tree_reaped_and_the_write_audited_
     assert!(s.front_pid() > 0);
 }
 
-#[test]
-fn tls_serves_with_the_configured_certificate() {
-    let dir = temp_dir("tls");
+/// A test CA and a certificate for localhost and 127.0.0.1 signed by it
+/// (openssl): (certificate, key with mode 600, CA).
+fn test_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let (cert, key, ca) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("ca.pem"));
     let ext = dir.join("ext");
     std::fs::write(&ext, "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
     let openssl = |args: &[&str]| {
-        let out = Command::new("openssl").current_dir(&dir).args(args).stdin(Stdio::null()).bounded_output().unwrap();
+        let out = Command::new("openssl").current_dir(dir).args(args).stdin(Stdio::null()).bounded_output().unwrap();
         assert!(out.status.success(), "{out:?}");
     };
     let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
@@ -999,6 +999,13 @@ fn tls_serves_with_the_configured_certificate() {
     ]);
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (cert, key, ca)
+}
+
+#[test]
+fn tls_serves_with_the_configured_certificate() {
+    let dir = temp_dir("tls");
+    let (cert, key, ca) = test_certificate(&dir);
     let root = reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap();
     let s = Server::start_with(
         &dir,
@@ -1022,6 +1029,165 @@ fn tls_serves_with_the_configured_certificate() {
             .await
     });
     assert!(plain.is_err() || plain.unwrap().status().as_u16() != 200);
+}
+
+/// A TCP connection to `dst` from the loopback address `src` (any address of
+/// 127.0.0.0/8 is this host's, so several client hosts can be played);
+/// blocking.
+fn connect_from(
+    rt: &tokio::runtime::Runtime,
+    src: std::net::Ipv4Addr,
+    dst: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    let stream = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4()?;
+        sock.bind(std::net::SocketAddr::new(src.into(), 0))?;
+        sock.connect(dst).await
+    })?;
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
+/// How many client connections the front holds (its sockets but the
+/// listener, the control socket and the sessions').
+fn front_connections(front: i32, sessions: usize) -> usize {
+    let sockets = std::fs::read_dir(format!("/proc/{front}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:")))
+        .count();
+    sockets.saturating_sub(2 + sessions)
+}
+
+/// Clients without a token hold every place the front has, with idle
+/// connections (over TLS: some stuck in the handshake, some idle after it)
+/// and opening new ones as fast as the front closes them: token holders
+/// still get through, every time, and the front says so in a bounded number
+/// of lines.
+fn token_holders_get_through_a_flood_of_idle_connections(tls: bool) {
+    let started = std::time::Instant::now();
+    let dir = temp_dir(if tls { "door-tls" } else { "door" });
+    let (s, roots) = if tls {
+        let (cert, key, ca) = test_certificate(&dir);
+        let pem = std::fs::read(&ca).unwrap();
+        let args = ["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
+        (Server::start_with(&dir, &[], &args, Some(reqwest::Certificate::from_pem(&pem).unwrap())), Some(pem))
+    } else {
+        (Server::start(&dir, &[], &[]), None)
+    };
+    let front = s.front_pid();
+    let dst: std::net::SocketAddr = s.addr.parse().unwrap();
+    let tls_config = roots.as_ref().map(|pem| {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        Arc::new(
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        )
+    });
+    // The flood: twelve client hosts other than 127.0.0.1 (each may hold 128
+    // connections without a token), holding the last
+    // 1000 connections they opened (more than the front's 512 places).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let flood = {
+        let (stop, opened) = (stop.clone(), opened.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let mut held = std::collections::VecDeque::new();
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let src = std::net::Ipv4Addr::new(127, 0, 0, 2 + (n % 12) as u8);
+                n += 1;
+                let Ok(mut sock) = connect_from(&rt, src, dst) else { continue };
+                match (&tls_config, n % 3) {
+                    // A TLS handshake completed, then nothing.
+                    (Some(config), 0) => {
+                        let mut c =
+                            rustls::ClientConnection::new(config.clone(), "localhost".try_into().unwrap()).unwrap();
+                        sock.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+                        while c.is_handshaking() {
+                            if c.complete_io(&mut sock).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    // Half a request line (plain), or half a TLS hello.
+                    (_, 1) => {
+                        let _ = sock.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127");
+                    }
+                    // Nothing at all.
+                    _ => {}
+                }
+                held.push_back(sock);
+                if held.len() > 1000 {
+                    held.pop_front();
+                }
+                opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+        })
+    };
+    wait_until("the idle connections take every place the front has", || {
+        let n = front_connections(front, 0);
+        if n >= 512 { Ok(()) } else { Err(n) }
+    });
+    // Token holders, each request on a new connection.
+    let mut builder = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(0);
+    if let Some(pem) = &roots {
+        builder = builder.tls_certs_only([reqwest::Certificate::from_pem(pem).unwrap()]);
+    }
+    let client = builder.build().unwrap();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": modern_meta()}});
+    let statuses: Vec<Result<u16, String>> = (0..30)
+        .map(|_| {
+            s.rt.block_on(async {
+                client
+                    .post(s.url())
+                    .header("authorization", format!("Bearer {ALICE}"))
+                    .header("content-type", "application/json")
+                    .header("accept", "application/json")
+                    .header("mcp-protocol-version", MODERN)
+                    .header("mcp-method", "server/discover")
+                    .body(serde_json::to_vec(&list).unwrap())
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .map_err(|e| format!("{e:?}"))
+            })
+        })
+        .collect();
+    let still_full = front_connections(front, 1);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    join(flood, "the flood stops");
+    assert!(statuses.iter().all(|r| r == &Ok(200)), "{statuses:?}");
+    assert!(still_full >= 500, "the flood still held the front: {still_full}");
+    // One warning line per 10 s at most, however many connections came.
+    let elapsed = started.elapsed().as_secs() as usize;
+    let warnings = s.stderr_text().matches("too many connections").count();
+    let opened = opened.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("the flood opened {opened} connections; {warnings} warning lines in {elapsed} s");
+    assert!(
+        warnings >= 1 && warnings <= elapsed / 10 + 2,
+        "{warnings} warnings in {elapsed} s for {opened} connections"
+    );
+}
+
+#[test]
+fn token_holders_get_through_a_flood_of_idle_connections_over_http() {
+    token_holders_get_through_a_flood_of_idle_connections(false);
+}
+
+#[test]
+fn token_holders_get_through_a_flood_of_idle_connections_over_tls() {
+    token_holders_get_through_a_flood_of_idle_connections(true);
 }
 
 /// The front as it runs: confined (seccomp, no new privileges, no

@@ -28,6 +28,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::control::{Channel, FrontSetup, ToFront, ToLauncher, TokenDigest};
+use super::door::{self, Door};
 use super::message::{self, ClientMessage, Named, Refusal};
 use super::relay::{ClientRequest, Kind, Outgoing, Tree};
 
@@ -39,7 +40,6 @@ pub const CONTROL_FD: i32 = 4;
 /// The protocol versions of the session-based (legacy) era.
 pub const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
 const KEEPALIVE: Duration = Duration::from_secs(15);
-const MAX_CONNECTIONS: usize = 512;
 const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the headers (hyper) and then the body may take to arrive.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -166,6 +166,8 @@ struct Shared {
     /// KiB of lines read from the sessions and not yet taken by their
     /// clients (`relay::RESPONSE_BUDGET_KIB`).
     response_budget: Arc<Semaphore>,
+    /// The connections (see `door.rs`).
+    door: Door,
 }
 
 enum Listener {
@@ -206,10 +208,10 @@ async fn serve(
         shutdown: CancellationToken::new(),
         request_budget: Arc::new(Semaphore::new(REQUEST_BUDGET / 1024)),
         response_budget: Arc::new(Semaphore::new(super::relay::RESPONSE_BUDGET_KIB)),
+        door: Door::default(),
     });
     tokio::spawn(control_loop(shared.clone()));
     tokio::spawn(reaper(shared.clone()));
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             _ = shared.shutdown.cancelled() => return Ok(()),
@@ -223,24 +225,41 @@ async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!("serve-http: too many connections; one was refused");
+        let admitted = shared.door.admit(&peer.group);
+        shared.door.report();
+        let Some(admitted) = admitted else {
+            // Every place is held by connections with a valid token.
+            drop(io);
             continue;
         };
         let shared = shared.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _slot = slot;
-            match (io, tls) {
-                (Accepted::Tcp(s), Some(tls)) => {
-                    match tokio::time::timeout(Duration::from_secs(10), tls.accept(s)).await {
-                        Ok(Ok(s)) => connection(shared, s, peer).await,
-                        _ => tracing::debug!("serve-http: TLS handshake failed"),
-                    }
+            let door::Admitted { id, authenticated, close } = admitted;
+            let serve = async {
+                match (io, tls) {
+                    (Accepted::Tcp(s), Some(tls)) => match tls.accept(s).await {
+                        Ok(s) => connection(shared.clone(), s, peer, authenticated.clone()).await,
+                        Err(_) => tracing::debug!("serve-http: TLS handshake failed"),
+                    },
+                    (Accepted::Tcp(s), None) => connection(shared.clone(), s, peer, authenticated.clone()).await,
+                    (Accepted::Unix(s), _) => connection(shared.clone(), s, peer, authenticated.clone()).await,
                 }
-                (Accepted::Tcp(s), None) => connection(shared, s, peer).await,
-                (Accepted::Unix(s), _) => connection(shared, s, peer).await,
+            };
+            // A connection without a valid token yet (TLS handshake
+            // included) is closed soon, and sooner when its place is needed.
+            let pending_expires = async {
+                tokio::time::sleep(door::PENDING_LIFETIME).await;
+                if authenticated.load(Ordering::Acquire) {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = serve => {}
+                () = close.cancelled() => {}
+                () = pending_expires => {}
             }
+            shared.door.left(id);
         });
     }
 }
@@ -250,15 +269,28 @@ enum Accepted {
     Unix(tokio::net::UnixStream),
 }
 
-/// A connection, its peer and its client host (see [`Conn`]).
-async fn accept(l: &Listener) -> std::io::Result<(Accepted, (String, String))> {
+/// Who is at the other end of a connection.
+struct Peer {
+    /// The full peer address (`ip:port`, or a Unix client's credentials).
+    peer: String,
+    /// The client host (`ip`, or `unix:uid=N`): modern requests of one
+    /// token from one host share a tree.
+    host: String,
+    /// What the connection counts against at the door (`door::peer_of`).
+    group: String,
+}
+
+/// A connection and its peer.
+async fn accept(l: &Listener) -> std::io::Result<(Accepted, Peer)> {
     match l {
-        Listener::Tcp(l) => l.accept().await.map(|(s, a)| (Accepted::Tcp(s), (a.to_string(), a.ip().to_string()))),
+        Listener::Tcp(l) => l.accept().await.map(|(s, a)| {
+            (Accepted::Tcp(s), Peer { peer: a.to_string(), host: a.ip().to_string(), group: door::peer_of(&a) })
+        }),
         Listener::Unix(l) => l.accept().await.map(|(s, _)| {
             let cred = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials).ok();
             let peer = cred.map(|c| format!("unix:uid={},pid={}", c.uid(), c.pid())).unwrap_or_else(|| "unix".into());
             let host = cred.map(|c| format!("unix:uid={}", c.uid())).unwrap_or_else(|| "unix".into());
-            (Accepted::Unix(s), (peer, host))
+            (Accepted::Unix(s), Peer { peer, group: host.clone(), host })
         }),
     }
 }
@@ -270,13 +302,15 @@ struct Conn {
     /// The client host (`ip`, or `unix:uid=N`): modern requests of one
     /// token from one host share a tree.
     host: String,
+    /// Set once one of its requests presents a valid token (see `door.rs`).
+    authenticated: Arc<std::sync::atomic::AtomicBool>,
 }
 
-async fn connection<IO>(shared: Arc<Shared>, io: IO, (peer, host): (String, String))
+async fn connection<IO>(shared: Arc<Shared>, io: IO, peer: Peer, authenticated: Arc<std::sync::atomic::AtomicBool>)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let conn = Arc::new(Conn { peer, host });
+    let conn = Arc::new(Conn { peer: peer.peer, host: peer.host, authenticated });
     let svc_shared = shared.clone();
     let svc_conn = conn.clone();
     let svc = hyper::service::service_fn(move |req| {
@@ -705,6 +739,8 @@ async fn reaper(shared: Arc<Shared>) {
     let every = shared.idle.min(Duration::from_secs(1));
     loop {
         tokio::time::sleep(every).await;
+        // What the door did in a flood is reported after it too.
+        shared.door.report();
         let due: Vec<Arc<Tree>> = shared
             .trees
             .lock()
@@ -736,6 +772,7 @@ async fn handle(shared: Arc<Shared>, conn: Arc<Conn>, req: Request<Incoming>) ->
     let Some(token) = authenticate(&shared, req.headers()) else {
         return unauthorized();
     };
+    conn.authenticated.store(true, Ordering::Release);
     match *req.method() {
         Method::POST => post(shared, conn, token, req).await,
         Method::GET => get(shared, token.id, req.headers()),

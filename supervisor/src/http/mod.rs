@@ -16,6 +16,7 @@
 //!   stdin and stdout, exactly like a systemd `Accept=yes` connection.
 
 pub mod control;
+mod door;
 pub mod front;
 pub mod launcher;
 mod message;
