@@ -759,6 +759,252 @@ fn raw_response(conn: &std::net::TcpStream) -> (u16, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// The responses on `conn`, until it is closed (a reset counts as closed);
+/// interim (1xx) responses are skipped. At most `limit` responses are read.
+fn read_responses(r: &mut BufReader<&std::net::TcpStream>, limit: usize) -> Vec<(u16, String)> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let gone =
+        |e: &std::io::Error| matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe);
+    while out.len() < limit {
+        let mut line = String::new();
+        match r.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if gone(&e) => break,
+            Err(e) => panic!("reading a response after {out:?}: {e}"),
+        }
+        let status: u16 =
+            line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+        let (mut len, mut chunked) = (0usize, false);
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).unwrap();
+            if h.trim().is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').unwrap();
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap();
+            }
+            if k.eq_ignore_ascii_case("transfer-encoding") {
+                chunked = true;
+            }
+        }
+        if (100..200).contains(&status) {
+            continue;
+        }
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                let mut size = String::new();
+                r.read_line(&mut size).unwrap();
+                let n = usize::from_str_radix(size.trim(), 16).unwrap();
+                let mut chunk = vec![0; n + 2];
+                r.read_exact(&mut chunk).unwrap();
+                if n == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..n]);
+            }
+        } else {
+            body.resize(len, 0);
+            r.read_exact(&mut body).unwrap();
+        }
+        out.push((status, String::from_utf8_lossy(&body).into_owned()));
+    }
+    out
+}
+
+/// What the front must do with one framing variant.
+#[derive(Debug)]
+enum Framing {
+    /// Answer each of the variant's requests (these statuses), then the
+    /// sentinel request that follows them on the connection.
+    Served(&'static [u16]),
+    /// Answer its first request with this status and close the connection
+    /// (nothing after it is read as a request).
+    Closed(u16),
+    /// Refuse a head over 64 KiB: 431 (or a reset while it is still being
+    /// sent) and the connection closed.
+    TooLarge,
+}
+
+/// Strict HTTP/1.1 parsing (RFC 9112 §2.2, §3.2, §6.1, §6.3, §7.1), over raw
+/// TCP: each variant is sent as it is (those that are refused followed by a
+/// request where a reader that framed them differently would find one: an
+/// unauthenticated DELETE, whose 401 would show it was read), then a
+/// sentinel request that closes the connection. Ambiguous framing is
+/// refused and closes the connection; forms a recipient may accept (bare LF
+/// line ends, RFC 9112 §2.2; whitespace before a chunk size's end, which
+/// hyper reads as the size) are read one way only, the body being exactly
+/// `{}` (a 400 for no message, not a parse error) and the sentinel answered
+/// next; the 64 KiB header limit is exact.
+#[test]
+fn http1_framing_is_strict_and_nothing_is_smuggled() {
+    let dir = temp_dir("framing");
+    let s = Server::start(&dir, &[], &["--allowed-origin", "https://agent.example"]);
+    let host = s.addr.clone();
+    let auth = format!("Authorization: Bearer {ALICE}");
+    let smuggled = format!("DELETE /mcp HTTP/1.1\r\nHost: {host}\r\nMcp-Session-Id: x\r\n\r\n");
+    let sentinel = format!("GET /end HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    // A request with `extra` header lines and `body` (raw: the framing is the variant's).
+    let post = |extra: &[&str], body: &str| {
+        let mut head = format!("POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}\r\nContent-Type: application/json\r\n");
+        for h in extra {
+            head.push_str(h);
+            head.push_str("\r\n");
+        }
+        format!("{head}\r\n{body}")
+    };
+    let cl = |body: &str| format!("Content-Length: {}", body.len());
+    let te = "Transfer-Encoding: chunked";
+    // `{}` in one chunk: a body the front reads, then refuses as no message (400).
+    let chunked_body = "2\r\n{}\r\n0\r\n\r\n";
+    let head_of = |extra: &[String]| {
+        let mut head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+        );
+        for h in extra {
+            head.push_str(h);
+            head.push_str("\r\n");
+        }
+        head + "\r\n"
+    };
+    let padded = |total: usize| {
+        let base = head_of(&["X-Pad: ".to_owned()]).len();
+        head_of(&[format!("X-Pad: {}", "p".repeat(total - base))])
+    };
+    let exactly = padded(64 * 1024);
+    assert_eq!(exactly.len(), 64 * 1024);
+    let over = padded(64 * 1024 + 1);
+    let many: Vec<String> = (0..60).map(|i| format!("X-Pad-{i:02}: {}", "q".repeat(1600))).collect();
+    let variants: Vec<(&str, String, Framing)> = vec![
+        ("Content-Length", post(&[&cl("{}")], "{}"), Framing::Served(&[400])),
+        ("two requests pipelined", post(&[&cl("{}")], "{}") + &post(&[&cl("{}")], "{}"), Framing::Served(&[400, 400])),
+        ("leading empty line", format!("\r\n{}", post(&[&cl("{}")], "{}")), Framing::Served(&[400])),
+        ("Expect: 100-continue", post(&[&cl("{}"), "Expect: 100-continue"], "{}"), Framing::Served(&[400])),
+        ("Content-Length twice, same", post(&[&cl("{}"), &cl("{}")], "{}"), Framing::Served(&[400])),
+        (
+            "Content-Length twice, different",
+            post(&[&cl("{}"), "Content-Length: 3"], "{}") + &smuggled,
+            Framing::Closed(400),
+        ),
+        ("Content-Length +2", post(&["Content-Length: +2"], "{}") + &smuggled, Framing::Closed(400)),
+        ("Content-Length 0x2", post(&["Content-Length: 0x2"], "{}") + &smuggled, Framing::Closed(400)),
+        (
+            "Content-Length then chunked",
+            post(&["Content-Length: 40", te], &format!("0\r\n\r\n{smuggled}")),
+            Framing::Closed(400),
+        ),
+        (
+            "chunked then Content-Length",
+            post(&[te, "Content-Length: 40"], &format!("0\r\n\r\n{smuggled}")),
+            Framing::Closed(400),
+        ),
+        ("chunked", post(&[te], chunked_body), Framing::Served(&[400])),
+        ("chunked, upper case", post(&["Transfer-Encoding: CHUNKED"], chunked_body), Framing::Served(&[400])),
+        (
+            "chunked, chunked",
+            post(&["Transfer-Encoding: chunked, chunked"], chunked_body) + &smuggled,
+            Framing::Closed(400),
+        ),
+        ("chunked on two lines", post(&[te, te], chunked_body) + &smuggled, Framing::Closed(400)),
+        ("gzip, chunked", post(&["Transfer-Encoding: gzip, chunked"], chunked_body) + &smuggled, Framing::Closed(400)),
+        ("identity", post(&["Transfer-Encoding: identity", &cl("{}")], "{}") + &smuggled, Framing::Closed(400)),
+        ("xchunked", post(&["Transfer-Encoding: xchunked", &cl("{}")], "{}") + &smuggled, Framing::Closed(400)),
+        (
+            "chunked over HTTP/1.0",
+            post(&[te], chunked_body).replacen("HTTP/1.1", "HTTP/1.0", 1) + &smuggled,
+            Framing::Closed(400),
+        ),
+        ("chunk size then spaces", post(&[te], "2  \r\n{}\r\n0\r\n\r\n"), Framing::Served(&[400])),
+        ("chunk size then a tab", post(&[te], "2\t\r\n{}\r\n0\r\n\r\n"), Framing::Served(&[400])),
+        ("chunk extension", post(&[te], "2;x=y\r\n{}\r\n0\r\n\r\n"), Framing::Served(&[400])),
+        ("chunk size with a bare LF", post(&[te], &format!("2\n{{}}\r\n0\r\n\r\n{smuggled}")), Framing::Closed(400)),
+        ("chunk size 2 0", post(&[te], &format!("2 0\r\n{{}}\r\n0\r\n\r\n{smuggled}")), Framing::Closed(400)),
+        (
+            "chunk longer than its size",
+            post(&[te], &format!("2\r\n{{}}xx\r\n0\r\n\r\n{smuggled}")),
+            Framing::Closed(400),
+        ),
+        ("chunk size overflow", post(&[te], &format!("fffffffffffffffff\r\n{smuggled}")), Framing::Closed(400)),
+        ("chunked trailer", post(&[te], "2\r\n{}\r\n0\r\nX-Trailer: t\r\n\r\n"), Framing::Served(&[400])),
+        ("bare LF line ends", post(&[&cl("{}")], "{}").replace("\r\n", "\n"), Framing::Served(&[400])),
+        ("CRLF and LF mixed", post(&[&cl("{}")], "{}").replacen("\r\n", "\n", 2), Framing::Served(&[400])),
+        ("bare CR in a value", post(&[&cl("{}"), "X-A: a\rb"], "{}") + &smuggled, Framing::Closed(400)),
+        ("obsolete line folding", post(&[&cl("{}"), "X-Folded: a", " b"], "{}") + &smuggled, Framing::Closed(400)),
+        ("space before the colon", post(&["Content-Length : 2"], "{}") + &smuggled, Framing::Closed(400)),
+        ("NUL in a value", post(&[&cl("{}"), "X-A: a\0b"], "{}") + &smuggled, Framing::Closed(400)),
+        ("no Host", post(&[&cl("{}")], "{}").replacen(&format!("Host: {host}\r\n"), "", 1), Framing::Closed(400)),
+        ("empty Host", post(&[&cl("{}")], "{}").replacen(&format!("Host: {host}"), "Host:", 1), Framing::Closed(400)),
+        ("Host good then evil", post(&[&cl("{}"), "Host: evil.example"], "{}"), Framing::Closed(400)),
+        (
+            "Host evil then good",
+            post(&[&cl("{}")], "{}").replacen("Host: ", "Host: evil.example\r\nHost: ", 1),
+            Framing::Closed(400),
+        ),
+        (
+            "Origin twice",
+            post(&[&cl("{}"), "Origin: https://agent.example", "Origin: https://evil.example"], "{}"),
+            Framing::Closed(403),
+        ),
+        ("Authorization twice", post(&[&cl("{}"), "Authorization: Bearer nobody"], "{}"), Framing::Closed(400)),
+        (
+            "Mcp-Session-Id twice",
+            post(&[&cl("{}"), "Mcp-Session-Id: a", "Mcp-Session-Id: b"], "{}"),
+            Framing::Closed(400),
+        ),
+        (
+            "absolute-form target",
+            post(&[&cl("{}")], "{}").replacen("POST /mcp", &format!("POST http://{host}/mcp"), 1),
+            Framing::Served(&[400]),
+        ),
+        (
+            "absolute-form, another host",
+            post(&[&cl("{}")], "{}").replacen("POST /mcp", "POST http://evil.example/mcp", 1),
+            Framing::Closed(400),
+        ),
+        ("Upgrade: h2c", post(&[&cl("{}"), "Connection: Upgrade", "Upgrade: h2c"], "{}"), Framing::Served(&[400])),
+        ("headers of exactly 64 KiB", exactly.clone() + "{}", Framing::Served(&[400])),
+        ("headers of 64 KiB and a byte", over + "{}", Framing::TooLarge),
+        ("one header of 114 KB", head_of(&[format!("X-Big: {}", "b".repeat(114_000))]) + "{}", Framing::TooLarge),
+        ("a 96 KB block of headers", head_of(&many) + "{}", Framing::TooLarge),
+    ];
+    let mut failures = Vec::new();
+    for (name, bytes, want) in &variants {
+        let conn = std::net::TcpStream::connect(&s.addr).unwrap();
+        conn.set_read_timeout(Some(SAFETY)).unwrap();
+        let mut writer = &conn;
+        let _ = writer.write_all(bytes.as_bytes());
+        let mut r = BufReader::new(&conn);
+        let mut got = read_responses(&mut r, 1);
+        // The sentinel, then whatever else the connection carries.
+        let sent = writer.write_all(sentinel.as_bytes()).is_ok();
+        got.extend(read_responses(&mut r, 8));
+        let statuses: Vec<u16> = got.iter().map(|(st, _)| *st).collect();
+        let ok = match want {
+            _ if statuses.contains(&401) => false,
+            // (Each 400 of a served variant is the body `{}` read whole.)
+            Framing::Served(each) => {
+                statuses == [each.to_vec(), vec![404]].concat()
+                    && got.iter().filter(|(st, _)| *st == 400).all(|(_, b)| b.contains("Invalid Request"))
+            }
+            Framing::Closed(status) => statuses == [*status],
+            Framing::TooLarge => statuses.is_empty() || statuses == [431],
+        };
+        if !ok {
+            failures.push(format!("{name}: want {want:?}, got {got:?} (sentinel sent: {sent})"));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} variants:\n{}", failures.len(), variants.len(), failures.join("\n"));
+    // The refusals say why, for the two Host and two Origin cases.
+    let conn = std::net::TcpStream::connect(&s.addr).unwrap();
+    (&conn).write_all(post(&[&cl("{}"), "Host: evil.example"], "{}").as_bytes()).unwrap();
+    let got = read_responses(&mut BufReader::new(&conn), 2);
+    assert!(got[0].1.contains("more than one Host"), "{got:?}");
+}
+
 /// The front's peak RSS stays under what README's Limits table states for
 /// it, under the largest request load the limits allow: every token's 32
 /// requests at once, each an 8 MiB body. Request bodies count against one

@@ -319,8 +319,12 @@ where
         async move { Ok::<_, Infallible>(handle(shared, conn, req).await) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
+    // max_buf_size bounds hyper's read buffer, which a read can overshoot
+    // (a 114 KB header got through); max_header_size is the exact limit on
+    // the request line and headers together.
     builder
         .max_buf_size(64 * 1024)
+        .max_header_size(64 * 1024)
         .max_headers(64)
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT);
@@ -481,6 +485,11 @@ fn sse(first: Option<Outgoing>, rx: UnboundedReceiver<Outgoing>, guard: Guard) -
 
 fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A list header's value over all its lines (`Accept` may be split).
+fn header_list(h: &HeaderMap, name: header::HeaderName) -> String {
+    h.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>().join(", ")
 }
 
 fn host_ok(shared: &Shared, h: &HeaderMap) -> bool {
@@ -762,7 +771,71 @@ async fn reaper(shared: Arc<Shared>) {
 // ---------------------------------------------------------------------------
 // Requests
 
+/// Header fields a request may carry at most once: which of two lines a
+/// reader takes would decide who the request is from or what it is.
+const SINGLE: [&str; 7] = [
+    "authorization",
+    "content-type",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "mcp-method",
+    "mcp-name",
+    "last-event-id",
+];
+
+/// A refusal of a request's head; the connection is closed after it, since
+/// what follows on it cannot be trusted to be framed as we read it.
+fn refuse_head(status: StatusCode, why: &str) -> Response<Body> {
+    let mut r = rpc_error(status, Value::Null, -32000, why);
+    r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// What RFC 9112 requires and hyper leaves to its server: exactly one valid
+/// `Host` (§3.2; with an absolute-form target, the same authority), and
+/// `Transfer-Encoding` only as one `chunked` (§6.1: chunked applied twice,
+/// or another coding, is not a body we can frame). `Origin` and the fields
+/// that name the principal or the request appear at most once.
+fn strict_head(req: &Request<Incoming>) -> Result<(), Response<Body>> {
+    let h = req.headers();
+    let mut hosts = h.get_all(header::HOST).iter();
+    let host = match (hosts.next().map(HeaderValue::to_str), hosts.next()) {
+        (Some(Ok(host)), None) if !host.trim().is_empty() => host.trim(),
+        (None, _) => return Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: the Host header is missing")),
+        (_, Some(_)) => return Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: more than one Host header")),
+        (Some(_), None) => return Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: an invalid Host header")),
+    };
+    if let Some(authority) = req.uri().authority()
+        && !authority.as_str().eq_ignore_ascii_case(host)
+    {
+        return Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: the request target names another host"));
+    }
+    if h.get_all(header::ORIGIN).iter().nth(1).is_some() {
+        return Err(refuse_head(StatusCode::FORBIDDEN, "Forbidden: more than one Origin header"));
+    }
+    if let Some(name) = SINGLE.iter().find(|n| h.get_all(**n).iter().nth(1).is_some()) {
+        return Err(refuse_head(StatusCode::BAD_REQUEST, &format!("Bad Request: more than one {name} header")));
+    }
+    let mut codings = h.get_all(header::TRANSFER_ENCODING).iter();
+    match (codings.next(), codings.next()) {
+        (None, _) => Ok(()),
+        (Some(te), None) if te.to_str().is_ok_and(|v| v.trim().eq_ignore_ascii_case("chunked")) => Ok(()),
+        _ => Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: Transfer-Encoding other than one chunked coding")),
+    }
+}
+
+/// (hyper itself refuses what it cannot frame: an invalid or conflicting
+/// `Content-Length`, a final coding other than chunked, malformed chunks;
+/// and it closes the connection after a request with both
+/// `Transfer-Encoding` and `Content-Length`, as RFC 9112 §6.3 requires.)
 async fn handle(shared: Arc<Shared>, conn: Arc<Conn>, req: Request<Incoming>) -> Response<Body> {
+    match strict_head(&req) {
+        Ok(()) => checked(shared, conn, req).await,
+        Err(r) => r,
+    }
+}
+
+async fn checked(shared: Arc<Shared>, conn: Arc<Conn>, req: Request<Incoming>) -> Response<Body> {
     if req.uri().path() != "/mcp" {
         return empty(StatusCode::NOT_FOUND);
     }
@@ -804,7 +877,7 @@ fn get(shared: Arc<Shared>, token_id: String, h: &HeaderMap) -> Response<Body> {
         Ok(t) => t,
         Err(r) => return r,
     };
-    if !header_str(h, "accept").is_some_and(|a| a.contains("text/event-stream")) {
+    if !header_list(h, header::ACCEPT).contains("text/event-stream") {
         return empty(StatusCode::NOT_ACCEPTABLE);
     }
     let Some(guard) = acquire_request(&shared, &token_id) else {
@@ -1012,7 +1085,7 @@ async fn read_body(
 async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token: TokenDigest, req: Request<Incoming>) -> Response<Body> {
     let token_id = token.id.clone();
     let headers = req.headers().clone();
-    let accept = header_str(&headers, "accept").unwrap_or("").to_ascii_lowercase();
+    let accept = header_list(&headers, header::ACCEPT).to_ascii_lowercase();
     let any = accept.is_empty() || accept.contains("*/*");
     let wants_sse = any || accept.contains("text/event-stream");
     if !(any || wants_sse || accept.contains("application/json")) {
