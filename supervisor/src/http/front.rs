@@ -330,6 +330,9 @@ where
         .header_read_timeout(HEADER_TIMEOUT);
     // A request whose connection closes is dropped with it: its guard
     // cancels it (modern) or leaves it to finish (legacy).
+    // A client that takes no data for a minute loses the connection, and
+    // what was queued for it (see `stall.rs`).
+    let io = super::stall::Stalled::new(io, super::stall::WRITE_STALL);
     let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc).await;
 }
 

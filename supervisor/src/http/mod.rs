@@ -22,6 +22,7 @@ pub mod launcher;
 mod message;
 pub mod options;
 mod relay;
+mod stall;
 
 use crate::audit::Principal;
 
