@@ -171,6 +171,9 @@ pub struct ServeHttpArgs {
     /// Seconds after which a session without requests or open streams ends.
     #[arg(long, value_name = "SECS", default_value_t = 900)]
     pub idle_timeout: u64,
+    /// Permission bits of the Unix socket (--listen PATH), in octal; the umask does not apply.
+    #[arg(long, value_name = "OCTAL", default_value = "660")]
+    pub socket_mode: String,
 }
 
 #[derive(Debug, clap::Subcommand)]

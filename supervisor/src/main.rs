@@ -333,8 +333,20 @@ fn main() -> ExitCode {
         }
     };
     let tasks = task_dir.zip(task_scope).map(|(fd, digest)| (fd, digest, task_owner));
-    let started =
-        Started { config, policy, audit, grants, transfer_dirs, tasks, token, events_token, resolved, events_resolved };
+    let relayed = matches!(principal, Some(audit::Principal::Http { .. }));
+    let started = Started {
+        config,
+        policy,
+        audit,
+        grants,
+        transfer_dirs,
+        tasks,
+        token,
+        events_token,
+        resolved,
+        events_resolved,
+        relayed,
+    };
     match rt.block_on(run(started, (spawner_sock, spawner_pid))) {
         Ok(Ended::Finished) => ExitCode::SUCCESS,
         Ok(Ended::StdoutGone) | Ok(Ended::Broken) => ExitCode::FAILURE,
@@ -646,6 +658,8 @@ struct Started {
     resolved: Vec<std::net::SocketAddr>,
     /// The events host's addresses (empty without events or for an IP literal).
     events_resolved: Vec<std::net::SocketAddr>,
+    /// A session the serve-http launcher started (behind its front).
+    relayed: bool,
 }
 
 async fn run(
@@ -663,6 +677,7 @@ async fn run(
         mut events_token,
         resolved,
         events_resolved,
+        relayed,
     } = started;
     let spawner = spawner::SpawnerClient::start(spawner_sock, spawner_pid)?;
     let spawner_gone = spawner.gone();
@@ -791,7 +806,7 @@ async fn run(
         },
     );
     let info = serde_json::to_value(server::implementation())?;
-    let transport = transport::LineTransport::stdio(info, server.audit_enabled());
+    let transport = transport::LineTransport::stdio(info, server.audit_enabled()).relayed(relayed);
     let stdout = transport.stdout_state();
     let result = match server.serve(transport).await {
         Ok(running) => {

@@ -451,6 +451,63 @@ fn missing_wrong_and_stale_tokens_get_401_and_start_nothing() {
     assert!(!s.stderr_text().contains(ALICE) && !s.stderr_text().contains(BOB), "tokens are never logged");
 }
 
+/// A token revoked (SIGHUP) while a legacy `initialize` with it is in flight:
+/// whatever the timing, no tree of that token outlives the revocation.
+#[test]
+fn a_token_revoked_while_its_session_starts_leaves_no_tree() {
+    let dir = temp_dir("revoke-race");
+    let s = Server::start(&dir, &[], &[]);
+    let file = dir.join("tokens");
+    let launcher = nix::unistd::Pid::from_raw(s.child.id() as i32);
+    // Every SIGHUP is answered by one log line, reload or not.
+    let reload = |text: &str| {
+        let before = s.stderr_text().matches("access tokens re-read").count();
+        write_private(&file, text);
+        nix::sys::signal::kill(launcher, nix::sys::signal::SIGHUP).unwrap();
+        wait_until("the token file is re-read", || {
+            (s.stderr_text().matches("access tokens re-read").count() > before).then_some(())
+        });
+    };
+    let offsets_us = [0u64, 200, 500, 1_000, 2_000, 3_000, 5_000, 8_000, 12_000, 20_000, 40_000, 80_000];
+    let mut statuses = Vec::new();
+    for round in 0..36 {
+        let token = format!("revoked-{round:02}-token-0123456789abcdef0123456789");
+        reload(&format!("alice:{ALICE}\nrev{round}:{token}\n"));
+        let offset = std::time::Duration::from_micros(offsets_us[round % offsets_us.len()]);
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}});
+        let request = s
+            .client
+            .post(s.url())
+            .header("authorization", format!("Bearer {token}"))
+            .header("accept", "application/json, text/event-stream")
+            .body(serde_json::to_vec(&init).unwrap());
+        let status = s.rt.block_on(async {
+            let sent = tokio::spawn(async move { request.send().await.map(|r| r.status().as_u16()) });
+            tokio::time::sleep(offset).await;
+            reload(&format!("alice:{ALICE}\n"));
+            sent.await.unwrap()
+        });
+        statuses.push(status.map_err(|e| e.to_string()));
+    }
+    // Every tree a revoked token started (the launcher names each one's pid
+    // and token) is gone: ended by the front, killed after the short grace.
+    let started: Vec<i32> = s
+        .stderr_text()
+        .lines()
+        .filter(|l| l.contains("session started") && l.contains("token_id=rev"))
+        .filter_map(|l| l.split("pid=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(!started.is_empty(), "some rounds started a tree: {statuses:?}");
+    wait_until("no tree of a revoked token is alive", || {
+        let alive: Vec<i32> = started.iter().copied().filter(|p| alive(*p)).collect();
+        if alive.is_empty() { Ok(()) } else { Err(alive) }
+    });
+    // The front still serves the token that stayed.
+    let sid = s.initialize(ALICE);
+    assert_eq!(s.call(ALICE, &sid, 2, "list_categories", json!({})).status, 200);
+}
+
 #[test]
 fn a_forbidden_origin_or_host_gets_403() {
     let dir = temp_dir("origin");
@@ -659,6 +716,396 @@ fn the_session_and_request_limits_per_token_hold() {
     assert!(status.starts_with("HTTP/1.1 413"), "{status}");
 }
 
+/// A raw HTTP/1.1 request: `head` (request line and header lines, each
+/// without its CRLF) with the `Host` header added, then the first
+/// `body_prefix` bytes of its body.
+fn raw_request(addr: &str, head: &[&str], body_prefix: &[u8]) -> std::net::TcpStream {
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    let mut text = format!("{}\r\nHost: {addr}\r\n", head[0]);
+    for h in &head[1..] {
+        text.push_str(h);
+        text.push_str("\r\n");
+    }
+    text.push_str("\r\n");
+    conn.write_all(text.as_bytes()).unwrap();
+    conn.write_all(body_prefix).unwrap();
+    conn
+}
+
+/// The status and body of the response on `conn` (read until its
+/// `Content-Length`).
+fn raw_response(conn: &std::net::TcpStream) -> (u16, String) {
+    use std::io::Read;
+    conn.set_read_timeout(Some(SAFETY)).unwrap();
+    let mut r = BufReader::new(conn);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+    let mut len = 0;
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).unwrap();
+        if h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The responses on `conn`, until it is closed (a reset counts as closed);
+/// interim (1xx) responses are skipped. At most `limit` responses are read.
+fn read_responses(r: &mut BufReader<&std::net::TcpStream>, limit: usize) -> Vec<(u16, String)> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let gone =
+        |e: &std::io::Error| matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe);
+    while out.len() < limit {
+        let mut line = String::new();
+        match r.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if gone(&e) => break,
+            Err(e) => panic!("reading a response after {out:?}: {e}"),
+        }
+        let status: u16 =
+            line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+        let (mut len, mut chunked) = (0usize, false);
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).unwrap();
+            if h.trim().is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').unwrap();
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap();
+            }
+            if k.eq_ignore_ascii_case("transfer-encoding") {
+                chunked = true;
+            }
+        }
+        if (100..200).contains(&status) {
+            continue;
+        }
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                let mut size = String::new();
+                r.read_line(&mut size).unwrap();
+                let n = usize::from_str_radix(size.trim(), 16).unwrap();
+                let mut chunk = vec![0; n + 2];
+                r.read_exact(&mut chunk).unwrap();
+                if n == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..n]);
+            }
+        } else {
+            body.resize(len, 0);
+            r.read_exact(&mut body).unwrap();
+        }
+        out.push((status, String::from_utf8_lossy(&body).into_owned()));
+    }
+    out
+}
+
+/// What the front must do with one framing variant.
+#[derive(Debug)]
+enum Framing {
+    /// Answer each of the variant's requests (these statuses), then the
+    /// sentinel request that follows them on the connection.
+    Served(&'static [u16]),
+    /// Answer its first request with this status and close the connection
+    /// (nothing after it is read as a request).
+    Closed(u16),
+    /// Refuse a head over 64 KiB: 431 (or a reset while it is still being
+    /// sent) and the connection closed.
+    TooLarge,
+}
+
+/// Strict HTTP/1.1 parsing (RFC 9112 §2.2, §3.2, §6.1, §6.3, §7.1), over raw
+/// TCP: each variant is sent as it is (those that are refused followed by a
+/// request where a reader that framed them differently would find one: an
+/// unauthenticated DELETE, whose 401 would show it was read), then a
+/// sentinel request that closes the connection. Ambiguous framing is
+/// refused and closes the connection; forms a recipient may accept (bare LF
+/// line ends, RFC 9112 §2.2; whitespace before a chunk size's end, which
+/// hyper reads as the size) are read one way only, the body being exactly
+/// `{}` (a 400 for no message, not a parse error) and the sentinel answered
+/// next; the 64 KiB header limit is exact.
+#[test]
+fn http1_framing_is_strict_and_nothing_is_smuggled() {
+    let dir = temp_dir("framing");
+    let s = Server::start(&dir, &[], &["--allowed-origin", "https://agent.example"]);
+    let host = s.addr.clone();
+    let auth = format!("Authorization: Bearer {ALICE}");
+    let smuggled = format!("DELETE /mcp HTTP/1.1\r\nHost: {host}\r\nMcp-Session-Id: x\r\n\r\n");
+    let sentinel = format!("GET /end HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    // A request with `extra` header lines and `body` (raw: the framing is the variant's).
+    let post = |extra: &[&str], body: &str| {
+        let mut head = format!("POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}\r\nContent-Type: application/json\r\n");
+        for h in extra {
+            head.push_str(h);
+            head.push_str("\r\n");
+        }
+        format!("{head}\r\n{body}")
+    };
+    let cl = |body: &str| format!("Content-Length: {}", body.len());
+    let te = "Transfer-Encoding: chunked";
+    // `{}` in one chunk: a body the front reads, then refuses as no message (400).
+    let chunked_body = "2\r\n{}\r\n0\r\n\r\n";
+    let head_of = |extra: &[String]| {
+        let mut head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+        );
+        for h in extra {
+            head.push_str(h);
+            head.push_str("\r\n");
+        }
+        head + "\r\n"
+    };
+    let padded = |total: usize| {
+        let base = head_of(&["X-Pad: ".to_owned()]).len();
+        head_of(&[format!("X-Pad: {}", "p".repeat(total - base))])
+    };
+    let exactly = padded(64 * 1024);
+    assert_eq!(exactly.len(), 64 * 1024);
+    let over = padded(64 * 1024 + 1);
+    let many: Vec<String> = (0..60).map(|i| format!("X-Pad-{i:02}: {}", "q".repeat(1600))).collect();
+    let variants: Vec<(&str, String, Framing)> = vec![
+        ("Content-Length", post(&[&cl("{}")], "{}"), Framing::Served(&[400])),
+        ("two requests pipelined", post(&[&cl("{}")], "{}") + &post(&[&cl("{}")], "{}"), Framing::Served(&[400, 400])),
+        ("leading empty line", format!("\r\n{}", post(&[&cl("{}")], "{}")), Framing::Served(&[400])),
+        ("Expect: 100-continue", post(&[&cl("{}"), "Expect: 100-continue"], "{}"), Framing::Served(&[400])),
+        ("Content-Length twice, same", post(&[&cl("{}"), &cl("{}")], "{}"), Framing::Served(&[400])),
+        (
+            "Content-Length twice, different",
+            post(&[&cl("{}"), "Content-Length: 3"], "{}") + &smuggled,
+            Framing::Closed(400),
+        ),
+        ("Content-Length +2", post(&["Content-Length: +2"], "{}") + &smuggled, Framing::Closed(400)),
+        ("Content-Length 0x2", post(&["Content-Length: 0x2"], "{}") + &smuggled, Framing::Closed(400)),
+        (
+            "Content-Length then chunked",
+            post(&["Content-Length: 40", te], &format!("0\r\n\r\n{smuggled}")),
+            Framing::Closed(400),
+        ),
+        (
+            "chunked then Content-Length",
+            post(&[te, "Content-Length: 40"], &format!("0\r\n\r\n{smuggled}")),
+            Framing::Closed(400),
+        ),
+        ("chunked", post(&[te], chunked_body), Framing::Served(&[400])),
+        ("chunked, upper case", post(&["Transfer-Encoding: CHUNKED"], chunked_body), Framing::Served(&[400])),
+        (
+            "chunked, chunked",
+            post(&["Transfer-Encoding: chunked, chunked"], chunked_body) + &smuggled,
+            Framing::Closed(400),
+        ),
+        ("chunked on two lines", post(&[te, te], chunked_body) + &smuggled, Framing::Closed(400)),
+        ("gzip, chunked", post(&["Transfer-Encoding: gzip, chunked"], chunked_body) + &smuggled, Framing::Closed(400)),
+        ("identity", post(&["Transfer-Encoding: identity", &cl("{}")], "{}") + &smuggled, Framing::Closed(400)),
+        ("xchunked", post(&["Transfer-Encoding: xchunked", &cl("{}")], "{}") + &smuggled, Framing::Closed(400)),
+        (
+            "chunked over HTTP/1.0",
+            post(&[te], chunked_body).replacen("HTTP/1.1", "HTTP/1.0", 1) + &smuggled,
+            Framing::Closed(400),
+        ),
+        ("chunk size then spaces", post(&[te], "2  \r\n{}\r\n0\r\n\r\n"), Framing::Served(&[400])),
+        ("chunk size then a tab", post(&[te], "2\t\r\n{}\r\n0\r\n\r\n"), Framing::Served(&[400])),
+        ("chunk extension", post(&[te], "2;x=y\r\n{}\r\n0\r\n\r\n"), Framing::Served(&[400])),
+        ("chunk size with a bare LF", post(&[te], &format!("2\n{{}}\r\n0\r\n\r\n{smuggled}")), Framing::Closed(400)),
+        ("chunk size 2 0", post(&[te], &format!("2 0\r\n{{}}\r\n0\r\n\r\n{smuggled}")), Framing::Closed(400)),
+        (
+            "chunk longer than its size",
+            post(&[te], &format!("2\r\n{{}}xx\r\n0\r\n\r\n{smuggled}")),
+            Framing::Closed(400),
+        ),
+        ("chunk size overflow", post(&[te], &format!("fffffffffffffffff\r\n{smuggled}")), Framing::Closed(400)),
+        ("chunked trailer", post(&[te], "2\r\n{}\r\n0\r\nX-Trailer: t\r\n\r\n"), Framing::Served(&[400])),
+        ("bare LF line ends", post(&[&cl("{}")], "{}").replace("\r\n", "\n"), Framing::Served(&[400])),
+        ("CRLF and LF mixed", post(&[&cl("{}")], "{}").replacen("\r\n", "\n", 2), Framing::Served(&[400])),
+        ("bare CR in a value", post(&[&cl("{}"), "X-A: a\rb"], "{}") + &smuggled, Framing::Closed(400)),
+        ("obsolete line folding", post(&[&cl("{}"), "X-Folded: a", " b"], "{}") + &smuggled, Framing::Closed(400)),
+        ("space before the colon", post(&["Content-Length : 2"], "{}") + &smuggled, Framing::Closed(400)),
+        ("NUL in a value", post(&[&cl("{}"), "X-A: a\0b"], "{}") + &smuggled, Framing::Closed(400)),
+        ("no Host", post(&[&cl("{}")], "{}").replacen(&format!("Host: {host}\r\n"), "", 1), Framing::Closed(400)),
+        ("empty Host", post(&[&cl("{}")], "{}").replacen(&format!("Host: {host}"), "Host:", 1), Framing::Closed(400)),
+        ("Host good then evil", post(&[&cl("{}"), "Host: evil.example"], "{}"), Framing::Closed(400)),
+        (
+            "Host evil then good",
+            post(&[&cl("{}")], "{}").replacen("Host: ", "Host: evil.example\r\nHost: ", 1),
+            Framing::Closed(400),
+        ),
+        (
+            "Origin twice",
+            post(&[&cl("{}"), "Origin: https://agent.example", "Origin: https://evil.example"], "{}"),
+            Framing::Closed(403),
+        ),
+        ("Authorization twice", post(&[&cl("{}"), "Authorization: Bearer nobody"], "{}"), Framing::Closed(400)),
+        (
+            "Mcp-Session-Id twice",
+            post(&[&cl("{}"), "Mcp-Session-Id: a", "Mcp-Session-Id: b"], "{}"),
+            Framing::Closed(400),
+        ),
+        (
+            "absolute-form target",
+            post(&[&cl("{}")], "{}").replacen("POST /mcp", &format!("POST http://{host}/mcp"), 1),
+            Framing::Served(&[400]),
+        ),
+        (
+            "absolute-form, another host",
+            post(&[&cl("{}")], "{}").replacen("POST /mcp", "POST http://evil.example/mcp", 1),
+            Framing::Closed(400),
+        ),
+        ("Upgrade: h2c", post(&[&cl("{}"), "Connection: Upgrade", "Upgrade: h2c"], "{}"), Framing::Served(&[400])),
+        ("headers of exactly 64 KiB", exactly.clone() + "{}", Framing::Served(&[400])),
+        ("headers of 64 KiB and a byte", over + "{}", Framing::TooLarge),
+        ("one header of 114 KB", head_of(&[format!("X-Big: {}", "b".repeat(114_000))]) + "{}", Framing::TooLarge),
+        ("a 96 KB block of headers", head_of(&many) + "{}", Framing::TooLarge),
+    ];
+    let mut failures = Vec::new();
+    for (name, bytes, want) in &variants {
+        let conn = std::net::TcpStream::connect(&s.addr).unwrap();
+        conn.set_read_timeout(Some(SAFETY)).unwrap();
+        let mut writer = &conn;
+        let _ = writer.write_all(bytes.as_bytes());
+        let mut r = BufReader::new(&conn);
+        let mut got = read_responses(&mut r, 1);
+        // The sentinel, then whatever else the connection carries.
+        let sent = writer.write_all(sentinel.as_bytes()).is_ok();
+        got.extend(read_responses(&mut r, 8));
+        let statuses: Vec<u16> = got.iter().map(|(st, _)| *st).collect();
+        let ok = match want {
+            _ if statuses.contains(&401) => false,
+            // (Each 400 of a served variant is the body `{}` read whole.)
+            Framing::Served(each) => {
+                statuses == [each.to_vec(), vec![404]].concat()
+                    && got.iter().filter(|(st, _)| *st == 400).all(|(_, b)| b.contains("Invalid Request"))
+            }
+            Framing::Closed(status) => statuses == [*status],
+            Framing::TooLarge => statuses.is_empty() || statuses == [431],
+        };
+        if !ok {
+            failures.push(format!("{name}: want {want:?}, got {got:?} (sentinel sent: {sent})"));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} variants:\n{}", failures.len(), variants.len(), failures.join("\n"));
+    // The refusals say why, for the two Host and two Origin cases.
+    let conn = std::net::TcpStream::connect(&s.addr).unwrap();
+    (&conn).write_all(post(&[&cl("{}"), "Host: evil.example"], "{}").as_bytes()).unwrap();
+    let got = read_responses(&mut BufReader::new(&conn), 2);
+    assert!(got[0].1.contains("more than one Host"), "{got:?}");
+}
+
+/// The front's peak RSS stays under what README's Limits table states for
+/// it, under the largest request load the limits allow: every token's 32
+/// requests at once, each an 8 MiB body. Request bodies count against one
+/// budget (64 MiB, at most half of it for one token): beyond a token's
+/// share the answer is 429, beyond the budget 503, each with a body that
+/// says so.
+#[test]
+fn the_fronts_memory_stays_under_its_stated_limit() {
+    /// README, Limits: "the HTTP front's memory".
+    const FRONT_PEAK_MIB: u64 = 400;
+    const MIB: usize = 1024 * 1024;
+    let dir = temp_dir("memory");
+    let s = Server::start(&dir, &[], &[]);
+    let modern_head = |token: &str, len: usize| {
+        [
+            "POST /mcp HTTP/1.1".to_owned(),
+            format!("Authorization: Bearer {token}"),
+            "Content-Type: application/json".to_owned(),
+            "Accept: application/json, text/event-stream".to_owned(),
+            format!("MCP-Protocol-Version: {MODERN}"),
+            "Mcp-Method: tools/call".to_owned(),
+            "Mcp-Name: get_action".to_owned(),
+            format!("Content-Length: {len}"),
+        ]
+    };
+    let raw = |token: &str, len: usize, prefix: &[u8]| {
+        let head = modern_head(token, len);
+        raw_request(&s.addr, &head.iter().map(String::as_str).collect::<Vec<_>>(), prefix)
+    };
+    // Bodies that are still arriving hold their share: four of alice's
+    // fill her 32 MiB, four of bob's the rest of the budget.
+    let mut trickling = Vec::new();
+    for _ in 0..4 {
+        trickling.push(raw(ALICE, 8 * MIB, b"{"));
+    }
+    // A probe: 1 MiB of a body that is not a message (400 once read).
+    let probe: Vec<u8> = [&b"{}"[..], &vec![b' '; MIB - 2]].concat();
+    let (status, body) = wait_until("alice's share is held", || {
+        let r = raw_response(&raw(ALICE, MIB, &probe));
+        if r.0 == 429 { Ok(r) } else { Err(r) }
+    });
+    assert_eq!(status, 429);
+    assert!(body.contains("request data") && body.contains("this token"), "{body}");
+    for _ in 0..4 {
+        trickling.push(raw(BOB, 8 * MIB, b"{"));
+    }
+    let (status, body) = wait_until("the whole budget is held", || {
+        let r = raw_response(&raw(ALICE2, MIB, &probe));
+        if r.0 == 503 { Ok(r) } else { Err(r) }
+    });
+    assert!(body.contains("too much request data") && body.contains("retry"), "{status} {body}");
+    drop(trickling);
+    wait_until("the budget is free again", || {
+        let small = raw(ALICE2, 2, b"{}");
+        (raw_response(&small).0 == 400).then_some(())
+    });
+    // The largest load: 3 tokens x 32 requests of 8 MiB at once.
+    let mut params = json!({"name": "get_action", "arguments": {"name": "get_status", "pad": ""}});
+    params["_meta"] = modern_meta();
+    let mut msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    let skeleton = serde_json::to_vec(&msg).unwrap().len();
+    msg["params"]["arguments"]["pad"] = json!("x".repeat(8 * MIB - skeleton));
+    // One copy for every request (a static slice is sent without copying).
+    let body: &'static [u8] = Box::leak(serde_json::to_vec(&msg).unwrap().into_boxed_slice());
+    assert_eq!(body.len(), 8 * MIB);
+    let statuses = s.rt.block_on(async {
+        let mut all = Vec::new();
+        for token in [ALICE, ALICE2, BOB] {
+            for _ in 0..32 {
+                let req = s
+                    .client
+                    .post(s.url())
+                    .header("authorization", format!("Bearer {token}"))
+                    .header("accept", "application/json, text/event-stream")
+                    .header("mcp-protocol-version", MODERN)
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", "get_action")
+                    .body(body);
+                all.push(tokio::spawn(async move { req.send().await.map(|r| r.status().as_u16()) }));
+            }
+        }
+        let mut statuses = Vec::new();
+        for a in all {
+            statuses.push(a.await.unwrap().unwrap());
+        }
+        statuses
+    });
+    let count = |c: u16| statuses.iter().filter(|s| **s == c).count();
+    assert!(statuses.iter().all(|c| [200, 429, 503].contains(c)), "{statuses:?}");
+    assert!(count(200) > 0, "{statuses:?}");
+    let peak_kib: u64 = status_field(s.front_pid(), "VmHWM").trim_end_matches(" kB").parse().unwrap();
+    assert!(
+        peak_kib < FRONT_PEAK_MIB * 1024,
+        "the front peaked at {} MiB ({} answered, {} 429, {} 503)",
+        peak_kib / 1024,
+        count(200),
+        count(429),
+        count(503)
+    );
+}
+
 #[test]
 fn idle_sessions_expire() {
     let dir = temp_dir("idle");
@@ -763,14 +1210,14 @@ fn a_client_that_disappears_mid_write_has_its_tree_reaped_and_the_write_audited_
     assert!(s.front_pid() > 0);
 }
 
-#[test]
-fn tls_serves_with_the_configured_certificate() {
-    let dir = temp_dir("tls");
+/// A test CA and a certificate for localhost and 127.0.0.1 signed by it
+/// (openssl): (certificate, key with mode 600, CA).
+fn test_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let (cert, key, ca) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("ca.pem"));
     let ext = dir.join("ext");
     std::fs::write(&ext, "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
     let openssl = |args: &[&str]| {
-        let out = Command::new("openssl").current_dir(&dir).args(args).stdin(Stdio::null()).bounded_output().unwrap();
+        let out = Command::new("openssl").current_dir(dir).args(args).stdin(Stdio::null()).bounded_output().unwrap();
         assert!(out.status.success(), "{out:?}");
     };
     let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
@@ -798,6 +1245,13 @@ fn tls_serves_with_the_configured_certificate() {
     ]);
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (cert, key, ca)
+}
+
+#[test]
+fn tls_serves_with_the_configured_certificate() {
+    let dir = temp_dir("tls");
+    let (cert, key, ca) = test_certificate(&dir);
     let root = reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap();
     let s = Server::start_with(
         &dir,
@@ -821,6 +1275,165 @@ fn tls_serves_with_the_configured_certificate() {
             .await
     });
     assert!(plain.is_err() || plain.unwrap().status().as_u16() != 200);
+}
+
+/// A TCP connection to `dst` from the loopback address `src` (any address of
+/// 127.0.0.0/8 is this host's, so several client hosts can be played);
+/// blocking.
+fn connect_from(
+    rt: &tokio::runtime::Runtime,
+    src: std::net::Ipv4Addr,
+    dst: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    let stream = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4()?;
+        sock.bind(std::net::SocketAddr::new(src.into(), 0))?;
+        sock.connect(dst).await
+    })?;
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
+/// How many client connections the front holds (its sockets but the
+/// listener, the control socket and the sessions').
+fn front_connections(front: i32, sessions: usize) -> usize {
+    let sockets = std::fs::read_dir(format!("/proc/{front}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:")))
+        .count();
+    sockets.saturating_sub(2 + sessions)
+}
+
+/// Clients without a token hold every place the front has, with idle
+/// connections (over TLS: some stuck in the handshake, some idle after it)
+/// and opening new ones as fast as the front closes them: token holders
+/// still get through, every time, and the front says so in a bounded number
+/// of lines.
+fn token_holders_get_through_a_flood_of_idle_connections(tls: bool) {
+    let started = std::time::Instant::now();
+    let dir = temp_dir(if tls { "door-tls" } else { "door" });
+    let (s, roots) = if tls {
+        let (cert, key, ca) = test_certificate(&dir);
+        let pem = std::fs::read(&ca).unwrap();
+        let args = ["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
+        (Server::start_with(&dir, &[], &args, Some(reqwest::Certificate::from_pem(&pem).unwrap())), Some(pem))
+    } else {
+        (Server::start(&dir, &[], &[]), None)
+    };
+    let front = s.front_pid();
+    let dst: std::net::SocketAddr = s.addr.parse().unwrap();
+    let tls_config = roots.as_ref().map(|pem| {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        Arc::new(
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        )
+    });
+    // The flood: twelve client hosts other than 127.0.0.1 (each may hold 128
+    // connections without a token), holding the last
+    // 1000 connections they opened (more than the front's 512 places).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let flood = {
+        let (stop, opened) = (stop.clone(), opened.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let mut held = std::collections::VecDeque::new();
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let src = std::net::Ipv4Addr::new(127, 0, 0, 2 + (n % 12) as u8);
+                n += 1;
+                let Ok(mut sock) = connect_from(&rt, src, dst) else { continue };
+                match (&tls_config, n % 3) {
+                    // A TLS handshake completed, then nothing.
+                    (Some(config), 0) => {
+                        let mut c =
+                            rustls::ClientConnection::new(config.clone(), "localhost".try_into().unwrap()).unwrap();
+                        sock.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+                        while c.is_handshaking() {
+                            if c.complete_io(&mut sock).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    // Half a request line (plain), or half a TLS hello.
+                    (_, 1) => {
+                        let _ = sock.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127");
+                    }
+                    // Nothing at all.
+                    _ => {}
+                }
+                held.push_back(sock);
+                if held.len() > 1000 {
+                    held.pop_front();
+                }
+                opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+        })
+    };
+    wait_until("the idle connections take every place the front has", || {
+        let n = front_connections(front, 0);
+        if n >= 512 { Ok(()) } else { Err(n) }
+    });
+    // Token holders, each request on a new connection.
+    let mut builder = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(0);
+    if let Some(pem) = &roots {
+        builder = builder.tls_certs_only([reqwest::Certificate::from_pem(pem).unwrap()]);
+    }
+    let client = builder.build().unwrap();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": modern_meta()}});
+    let statuses: Vec<Result<u16, String>> = (0..30)
+        .map(|_| {
+            s.rt.block_on(async {
+                client
+                    .post(s.url())
+                    .header("authorization", format!("Bearer {ALICE}"))
+                    .header("content-type", "application/json")
+                    .header("accept", "application/json")
+                    .header("mcp-protocol-version", MODERN)
+                    .header("mcp-method", "server/discover")
+                    .body(serde_json::to_vec(&list).unwrap())
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .map_err(|e| format!("{e:?}"))
+            })
+        })
+        .collect();
+    let still_full = front_connections(front, 1);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    join(flood, "the flood stops");
+    assert!(statuses.iter().all(|r| r == &Ok(200)), "{statuses:?}");
+    assert!(still_full >= 500, "the flood still held the front: {still_full}");
+    // One warning line per 10 s at most, however many connections came.
+    let elapsed = started.elapsed().as_secs() as usize;
+    let warnings = s.stderr_text().matches("too many connections").count();
+    let opened = opened.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("the flood opened {opened} connections; {warnings} warning lines in {elapsed} s");
+    assert!(
+        warnings >= 1 && warnings <= elapsed / 10 + 2,
+        "{warnings} warnings in {elapsed} s for {opened} connections"
+    );
+}
+
+#[test]
+fn token_holders_get_through_a_flood_of_idle_connections_over_http() {
+    token_holders_get_through_a_flood_of_idle_connections(false);
+}
+
+#[test]
+fn token_holders_get_through_a_flood_of_idle_connections_over_tls() {
+    token_holders_get_through_a_flood_of_idle_connections(true);
 }
 
 /// The front as it runs: confined (seccomp, no new privileges, no
@@ -893,6 +1506,61 @@ fn the_front_is_confined_and_serves_a_unix_socket() {
     assert!(!alive(front));
 }
 
+/// The Unix socket gets its permission bits from `--socket-mode` (default
+/// 660), not from the umask serve-http was started with.
+#[test]
+fn the_unix_socket_has_the_configured_mode_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = temp_dir("sockmode");
+    let tokens = token_file(&dir);
+    let sock = dir.join("mcp.sock");
+    for (umask, extra, want) in
+        [(0o000, None, 0o660), (0o077, None, 0o660), (0o000, Some("600"), 0o600), (0o022, Some("0666"), 0o666)]
+    {
+        let mut args =
+            vec!["serve-http", "--listen", sock.to_str().unwrap(), "--http-token-file", tokens.to_str().unwrap()];
+        if let Some(mode) = extra {
+            args.extend(["--socket-mode", mode]);
+        }
+        let mut cmd = command(&[], &args);
+        // SAFETY: only umask (async-signal-safe) runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
+                Ok(())
+            });
+        }
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("listening on") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        wait_until("serve-http says where it listens", || rx.try_recv().ok());
+        let mode = std::fs::symlink_metadata(&sock).unwrap().permissions().mode() & 0o7777;
+        nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).unwrap();
+        let st = wait_exit(&mut child, "serve-http stops on SIGTERM");
+        assert_eq!(mode, want, "umask {umask:o}, --socket-mode {extra:?}: {mode:o}");
+        assert!(st.success(), "{st:?}");
+        assert!(!sock.exists(), "the socket is removed at exit");
+    }
+    let t = tokens.to_str().unwrap();
+    for bad in ["8", "1777", "rw-rw----"] {
+        let e = refused(
+            &[],
+            &["serve-http", "--listen", sock.to_str().unwrap(), "--http-token-file", t, "--socket-mode", bad],
+        );
+        assert!(e.contains("--socket-mode"), "{e}");
+        assert!(!sock.exists(), "nothing is created for a refused mode");
+    }
+}
+
 /// Legacy server requests travel on the SSE stream of the call that needs
 /// them, and the client's answer (a POST of a response) reaches the session.
 #[test]
@@ -961,6 +1629,111 @@ fn a_legacy_elicitation_round_trips_over_the_call_stream() {
         .filter_map(|r| r.json())
         .collect();
     assert_eq!(sent, [json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "Hello"}})]);
+}
+
+/// Concurrent legacy calls that each need input: every `elicitation/create`
+/// travels on the stream of the call that asked, also while a JSON-only
+/// request is the newest in flight (which must never get another call's
+/// server request: its client cannot read one), and every call completes
+/// with the answers given on its own stream.
+#[test]
+fn concurrent_legacy_elicitations_each_reach_the_call_that_asked() {
+    const CALLS: usize = 8;
+    let dir = temp_dir("elicit-many");
+    let fake = Fake::start(Some("t0k"));
+    fake.fake.set_fault("get_status", snowluma_fake::Fault::Hang);
+    let url = fake.fake.url();
+    let env = [("SNOWLUMA_MCP_ENDPOINT", url.as_str()), ("SNOWLUMA_MCP_MODE", "read"), ("SNOWLUMA_MCP_TOKEN", "t0k")];
+    let s = Server::start(&dir, &env, &[]);
+    let sid = s.initialize_with(ALICE, json!({"elicitation": {"form": {}}}));
+    let post = {
+        let (client, url, sid) = (s.client.clone(), s.url(), sid.clone());
+        move |body: &Value, accept: &str| {
+            client
+                .post(&url)
+                .header("authorization", format!("Bearer {ALICE}"))
+                .header("mcp-session-id", &sid)
+                .header("mcp-protocol-version", "2025-11-25")
+                .header("accept", accept)
+                .body(serde_json::to_vec(body).unwrap())
+                .send()
+        }
+    };
+    let answer = |id: &Value, fields: Value| json!({"jsonrpc": "2.0", "id": id, "result": {"action": "accept", "content": {"params_json": fields.to_string()}}});
+    let results = s.rt.block_on(async {
+        let (asked_tx, mut asked_rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+        let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+        let mut calls = Vec::new();
+        for i in 0..CALLS {
+            let (post, asked_tx, mut go) = (post.clone(), asked_tx.clone(), go_rx.clone());
+            calls.push(tokio::spawn(async move {
+                let call = json!({"jsonrpc": "2.0", "id": format!("call-{i}"), "method": "tools/call", "params": {
+                    "name": "query_action_with_input", "arguments": {"action": "get_group_member_info", "params": {}}}});
+                let mut resp = post(&call, "application/json, text/event-stream").await.unwrap();
+                assert_eq!(resp.headers().get("content-type").unwrap(), "text/event-stream");
+                let mut buf = String::new();
+                let mut asked = 0;
+                // Bounded: two input requests, then the response ends the stream.
+                loop {
+                    let msg = next_sse(&mut resp, &mut buf).await;
+                    if msg["method"] == "elicitation/create" {
+                        asked += 1;
+                        let fields = if asked == 1 {
+                            // Answer only part of it once a JSON-only request
+                            // is the newest in flight: the call asks again.
+                            asked_tx.send(i).unwrap();
+                            go.wait_for(|g| *g).await.unwrap();
+                            json!({"group_id": 1000 + i})
+                        } else {
+                            json!({"user_id": 2000 + i})
+                        };
+                        let r = post(&answer(&msg["id"], fields), "application/json, text/event-stream").await.unwrap();
+                        assert_eq!(r.status().as_u16(), 202);
+                    } else if msg.get("result").is_some() || msg.get("error").is_some() {
+                        return (i, asked, msg);
+                    }
+                }
+            }));
+        }
+        let deadline = tokio::time::Instant::now() + SAFETY;
+        for _ in 0..CALLS {
+            tokio::time::timeout_at(deadline, asked_rx.recv())
+                .await
+                .expect("every call gets its first input request on its own stream");
+        }
+        // A JSON-only request that stays in flight (SnowLuma never answers).
+        let hang = json!({"jsonrpc": "2.0", "id": "json-only", "method": "tools/call", "params": {
+            "name": "query_action", "arguments": {"action": "get_status", "params": {}}}});
+        let json_only = tokio::spawn(post(&hang, "application/json"));
+        while !fake.fake.requests().iter().any(|r| r.action.as_deref() == Some("get_status")) {
+            assert!(tokio::time::Instant::now() < deadline, "SnowLuma received the JSON-only request");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        go_tx.send(true).unwrap();
+        let mut results = Vec::new();
+        for c in calls {
+            results.push(tokio::time::timeout_at(deadline, c).await.expect("every call completes").unwrap());
+        }
+        json_only.abort();
+        results
+    });
+    for (i, asked, msg) in &results {
+        assert_eq!(*asked, 2, "call {i}: both input requests on its stream");
+        assert_eq!(msg["id"], format!("call-{i}"));
+        assert!(!is_error(&msg["result"]), "{msg}");
+    }
+    // Each call was executed once, with the two answers given on its stream.
+    let mut sent: Vec<(i64, i64)> = fake
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.action.as_deref() == Some("get_group_member_info"))
+        .filter_map(|r| r.json())
+        .map(|j| (j["params"]["group_id"].as_i64().unwrap(), j["params"]["user_id"].as_i64().unwrap()))
+        .collect();
+    sent.sort();
+    let want: Vec<(i64, i64)> = (0..CALLS as i64).map(|i| (1000 + i, 2000 + i)).collect();
+    assert_eq!(sent, want);
 }
 
 /// A legacy client that disappears mid-write: its session is not tied to a

@@ -8,7 +8,7 @@
 // per refused request, so boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
@@ -19,16 +19,18 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming, SizeHint};
 use serde_json::{Value, json};
 use sha2::Digest;
 use tokio::sync::mpsc::UnboundedReceiver;
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::control::{Channel, FrontSetup, ToFront, ToLauncher, TokenDigest};
-use super::relay::Tree;
+use super::door::{self, Door};
+use super::message::{self, ClientMessage, Named, Refusal};
+use super::relay::{ClientRequest, Kind, Outgoing, Tree};
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -38,11 +40,15 @@ pub const CONTROL_FD: i32 = 4;
 /// The protocol versions of the session-based (legacy) era.
 pub const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
 const KEEPALIVE: Duration = Duration::from_secs(15);
-const MAX_CONNECTIONS: usize = 512;
 const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the headers (hyper) and then the body may take to arrive.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The request bodies the front holds at once (being read, or waiting to be
+/// written to their session), all tokens together; beyond it, 503.
+pub const REQUEST_BUDGET: usize = 64 * 1024 * 1024;
+/// The same for one token; beyond it, 429.
+pub const TOKEN_REQUEST_SHARE: usize = REQUEST_BUDGET / 2;
 
 /// The TLS configuration from PEM texts (ring provider, TLS 1.2 and 1.3).
 pub fn tls_acceptor(cert: &str, key: &str) -> Result<tokio_rustls::TlsAcceptor, String> {
@@ -127,11 +133,13 @@ pub fn main(allow_unconfined: bool) -> ExitCode {
 struct Usage {
     sessions: u32,
     requests: u32,
+    /// KiB of request bodies held (see [`BodyCharge`]).
+    body_kib: usize,
 }
 
 /// Who waits for the launcher's answer to a spawn: the session number and
-/// its socket, or `None` if it failed.
-type SpawnWaiter = oneshot::Sender<Option<(u64, OwnedFd)>>;
+/// its socket, or `None` if it failed; and the token the tree is for.
+type SpawnWaiter = (oneshot::Sender<Option<(u64, OwnedFd)>>, TokenDigest);
 
 struct Shared {
     allowed_hosts: Vec<String>,
@@ -153,6 +161,13 @@ struct Shared {
     spawns: Mutex<HashMap<u64, SpawnWaiter>>,
     next_req: AtomicU64,
     shutdown: CancellationToken,
+    /// KiB of request bodies ([`REQUEST_BUDGET`]).
+    request_budget: Arc<Semaphore>,
+    /// KiB of lines read from the sessions and not yet taken by their
+    /// clients (`relay::RESPONSE_BUDGET_KIB`).
+    response_budget: Arc<Semaphore>,
+    /// The connections (see `door.rs`).
+    door: Door,
 }
 
 enum Listener {
@@ -191,10 +206,12 @@ async fn serve(
         spawns: Mutex::new(HashMap::new()),
         next_req: AtomicU64::new(1),
         shutdown: CancellationToken::new(),
+        request_budget: Arc::new(Semaphore::new(REQUEST_BUDGET / 1024)),
+        response_budget: Arc::new(Semaphore::new(super::relay::RESPONSE_BUDGET_KIB)),
+        door: Door::default(),
     });
     tokio::spawn(control_loop(shared.clone()));
     tokio::spawn(reaper(shared.clone()));
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             _ = shared.shutdown.cancelled() => return Ok(()),
@@ -208,24 +225,41 @@ async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!("serve-http: too many connections; one was refused");
+        let admitted = shared.door.admit(&peer.group);
+        shared.door.report();
+        let Some(admitted) = admitted else {
+            // Every place is held by connections with a valid token.
+            drop(io);
             continue;
         };
         let shared = shared.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _slot = slot;
-            match (io, tls) {
-                (Accepted::Tcp(s), Some(tls)) => {
-                    match tokio::time::timeout(Duration::from_secs(10), tls.accept(s)).await {
-                        Ok(Ok(s)) => connection(shared, s, peer).await,
-                        _ => tracing::debug!("serve-http: TLS handshake failed"),
-                    }
+            let door::Admitted { id, authenticated, close } = admitted;
+            let serve = async {
+                match (io, tls) {
+                    (Accepted::Tcp(s), Some(tls)) => match tls.accept(s).await {
+                        Ok(s) => connection(shared.clone(), s, peer, authenticated.clone()).await,
+                        Err(_) => tracing::debug!("serve-http: TLS handshake failed"),
+                    },
+                    (Accepted::Tcp(s), None) => connection(shared.clone(), s, peer, authenticated.clone()).await,
+                    (Accepted::Unix(s), _) => connection(shared.clone(), s, peer, authenticated.clone()).await,
                 }
-                (Accepted::Tcp(s), None) => connection(shared, s, peer).await,
-                (Accepted::Unix(s), _) => connection(shared, s, peer).await,
+            };
+            // A connection without a valid token yet (TLS handshake
+            // included) is closed soon, and sooner when its place is needed.
+            let pending_expires = async {
+                tokio::time::sleep(door::PENDING_LIFETIME).await;
+                if authenticated.load(Ordering::Acquire) {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = serve => {}
+                () = close.cancelled() => {}
+                () = pending_expires => {}
             }
+            shared.door.left(id);
         });
     }
 }
@@ -235,15 +269,28 @@ enum Accepted {
     Unix(tokio::net::UnixStream),
 }
 
-/// A connection, its peer and its client host (see [`Conn`]).
-async fn accept(l: &Listener) -> std::io::Result<(Accepted, (String, String))> {
+/// Who is at the other end of a connection.
+struct Peer {
+    /// The full peer address (`ip:port`, or a Unix client's credentials).
+    peer: String,
+    /// The client host (`ip`, or `unix:uid=N`): modern requests of one
+    /// token from one host share a tree.
+    host: String,
+    /// What the connection counts against at the door (`door::peer_of`).
+    group: String,
+}
+
+/// A connection and its peer.
+async fn accept(l: &Listener) -> std::io::Result<(Accepted, Peer)> {
     match l {
-        Listener::Tcp(l) => l.accept().await.map(|(s, a)| (Accepted::Tcp(s), (a.to_string(), a.ip().to_string()))),
+        Listener::Tcp(l) => l.accept().await.map(|(s, a)| {
+            (Accepted::Tcp(s), Peer { peer: a.to_string(), host: a.ip().to_string(), group: door::peer_of(&a) })
+        }),
         Listener::Unix(l) => l.accept().await.map(|(s, _)| {
             let cred = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials).ok();
             let peer = cred.map(|c| format!("unix:uid={},pid={}", c.uid(), c.pid())).unwrap_or_else(|| "unix".into());
             let host = cred.map(|c| format!("unix:uid={}", c.uid())).unwrap_or_else(|| "unix".into());
-            (Accepted::Unix(s), (peer, host))
+            (Accepted::Unix(s), Peer { peer, group: host.clone(), host })
         }),
     }
 }
@@ -255,13 +302,15 @@ struct Conn {
     /// The client host (`ip`, or `unix:uid=N`): modern requests of one
     /// token from one host share a tree.
     host: String,
+    /// Set once one of its requests presents a valid token (see `door.rs`).
+    authenticated: Arc<std::sync::atomic::AtomicBool>,
 }
 
-async fn connection<IO>(shared: Arc<Shared>, io: IO, (peer, host): (String, String))
+async fn connection<IO>(shared: Arc<Shared>, io: IO, peer: Peer, authenticated: Arc<std::sync::atomic::AtomicBool>)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let conn = Arc::new(Conn { peer, host });
+    let conn = Arc::new(Conn { peer: peer.peer, host: peer.host, authenticated });
     let svc_shared = shared.clone();
     let svc_conn = conn.clone();
     let svc = hyper::service::service_fn(move |req| {
@@ -270,13 +319,20 @@ where
         async move { Ok::<_, Infallible>(handle(shared, conn, req).await) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
+    // max_buf_size bounds hyper's read buffer, which a read can overshoot
+    // (a 114 KB header got through); max_header_size is the exact limit on
+    // the request line and headers together.
     builder
         .max_buf_size(64 * 1024)
+        .max_header_size(64 * 1024)
         .max_headers(64)
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT);
     // A request whose connection closes is dropped with it: its guard
     // cancels it (modern) or leaves it to finish (legacy).
+    // A client that takes no data for a minute loses the connection, and
+    // what was queued for it (see `stall.rs`).
+    let io = super::stall::Stalled::new(io, super::stall::WRITE_STALL);
     let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc).await;
 }
 
@@ -307,15 +363,43 @@ fn unauthorized() -> Response<Body> {
     r
 }
 
-fn sse_event(msg: &Value) -> Bytes {
-    let mut out = b"event: message\ndata: ".to_vec();
-    out.extend(serde_json::to_vec(msg).unwrap_or_default());
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+/// A body of pieces of known total size (a message relayed as the slices
+/// of the line its session wrote): no copy, and a `Content-Length`.
+struct Pieces {
+    pieces: VecDeque<Bytes>,
+    left: u64,
 }
 
-fn is_response(msg: &Value) -> bool {
-    msg.get("method").is_none() && (msg.get("result").is_some() || msg.get("error").is_some())
+impl hyper::body::Body for Pieces {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let next = self.pieces.pop_front();
+        if let Some(b) = &next {
+            self.left = self.left.saturating_sub(b.len() as u64);
+        }
+        std::task::Poll::Ready(next.map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+}
+
+fn json_message(status: StatusCode, msg: Outgoing) -> Response<Body> {
+    let left = msg.len() as u64;
+    let mut r = Response::new(Pieces { pieces: msg.pieces.into(), left }.boxed_unsync());
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
 }
 
 /// Held while a request's HTTP response lives: releases its place in the
@@ -344,33 +428,50 @@ impl Drop for Guard {
     }
 }
 
-fn sse(first: Option<Value>, rx: UnboundedReceiver<Value>, guard: Guard) -> Response<Body> {
-    let stream = futures::stream::unfold((first, rx, guard), |(mut first, mut rx, mut guard)| async move {
-        if guard.done {
-            return None;
-        }
-        let next = match first.take() {
-            Some(m) => Some(m),
-            None => tokio::select! {
-                m = rx.recv() => m,
-                _ = tokio::time::sleep(KEEPALIVE) => {
-                    return Some((Ok(Frame::data(Bytes::from_static(b": keepalive\n\n"))), (None, rx, guard)));
-                }
-            },
-        };
-        match next {
-            // The tree ended without answering: nothing to cancel.
-            None => {
-                let mut guard = guard;
-                guard.done = true;
-                drop(guard);
-                None
+struct SseState {
+    first: Option<Outgoing>,
+    rx: UnboundedReceiver<Outgoing>,
+    guard: Guard,
+    /// The frames of the message being sent: each message is its event
+    /// prefix, its pieces (as the session wrote them) and the blank line.
+    queue: VecDeque<Bytes>,
+}
+
+fn sse(first: Option<Outgoing>, rx: UnboundedReceiver<Outgoing>, guard: Guard) -> Response<Body> {
+    let start = SseState { first, rx, guard, queue: VecDeque::new() };
+    let stream = futures::stream::unfold(start, |mut st| async move {
+        // Bounded: each turn yields a frame, or queues one message's frames.
+        loop {
+            if let Some(b) = st.queue.pop_front() {
+                return Some((Ok::<_, Infallible>(Frame::data(b)), st));
             }
-            Some(msg) => {
-                if is_response(&msg) || msg.get("method").and_then(Value::as_str) == Some("notifications/cancelled") {
-                    guard.done = true;
+            if st.guard.done {
+                return None;
+            }
+            let next = match st.first.take() {
+                Some(m) => Some(m),
+                None => tokio::select! {
+                    m = st.rx.recv() => m,
+                    _ = tokio::time::sleep(KEEPALIVE) => {
+                        return Some((Ok(Frame::data(Bytes::from_static(b": keepalive\n\n"))), st));
+                    }
+                },
+            };
+            match next {
+                // The tree ended without answering: nothing to cancel.
+                None => {
+                    st.guard.done = true;
+                    drop(st);
+                    return None;
                 }
-                Some((Ok::<_, Infallible>(Frame::data(sse_event(&msg))), (None, rx, guard)))
+                Some(msg) => {
+                    if msg.kind != Kind::Other {
+                        st.guard.done = true;
+                    }
+                    st.queue.push_back(Bytes::from_static(b"event: message\ndata: "));
+                    st.queue.extend(msg.pieces);
+                    st.queue.push_back(Bytes::from_static(b"\n\n"));
+                }
             }
         }
     });
@@ -387,6 +488,11 @@ fn sse(first: Option<Value>, rx: UnboundedReceiver<Value>, guard: Guard) -> Resp
 
 fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A list header's value over all its lines (`Accept` may be split).
+fn header_list(h: &HeaderMap, name: header::HeaderName) -> String {
+    h.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>().join(", ")
 }
 
 fn host_ok(shared: &Shared, h: &HeaderMap) -> bool {
@@ -412,9 +518,9 @@ fn digest_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The id of the token the request presents, comparing its digest with
-/// every configured one (no early exit).
-fn authenticate(shared: &Shared, h: &HeaderMap) -> Option<String> {
+/// The token the request presents (its id and digest), comparing its digest
+/// with every configured one (no early exit).
+fn authenticate(shared: &Shared, h: &HeaderMap) -> Option<TokenDigest> {
     let value = header_str(h, "authorization")?;
     let (scheme, token) = value.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {
@@ -425,10 +531,15 @@ fn authenticate(shared: &Shared, h: &HeaderMap) -> Option<String> {
     let mut found = None;
     for t in tokens.iter() {
         if digest_eq(&t.sha256, &digest) {
-            found = Some(t.id.clone());
+            found = Some(t.clone());
         }
     }
     found
+}
+
+/// Whether `token` (id and digest) is still in the configured set.
+fn still_valid(shared: &Shared, token: &TokenDigest) -> bool {
+    shared.tokens.lock().is_ok_and(|t| t.iter().any(|x| x.id == token.id && digest_eq(&x.sha256, &token.sha256)))
 }
 
 fn acquire_request(shared: &Arc<Shared>, token_id: &str) -> Option<Guard> {
@@ -493,7 +604,8 @@ fn try_take_place(shared: &Shared, token_id: &str) -> Result<bool, Response<Body
     Ok(true)
 }
 
-async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<Arc<Tree>, Response<Body>> {
+async fn spawn_tree(shared: &Arc<Shared>, token: &TokenDigest, peer: &str) -> Result<Arc<Tree>, Response<Body>> {
+    let token_id = token.id.as_str();
     take_place(shared, token_id).await?;
     let release = || {
         if let Ok(mut u) = shared.usage.lock()
@@ -505,7 +617,7 @@ async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<
     let req = shared.next_req.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = oneshot::channel();
     if let Ok(mut s) = shared.spawns.lock() {
-        s.insert(req, tx);
+        s.insert(req, (tx, token.clone()));
     }
     let msg = ToLauncher::Spawn { req, token_id: token_id.to_owned(), peer: peer.to_owned() };
     let got = match shared.control.send(&msg, None).await {
@@ -525,9 +637,18 @@ async fn spawn_tree(shared: &Arc<Shared>, token_id: &str, peer: &str) -> Result<
             release();
             rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "Cannot start a session")
         })?;
-    let tree = Tree::start(session, token_id.to_owned(), stream);
+    let tree = Tree::start(session, token_id.to_owned(), token.sha256, stream, shared.response_budget.clone());
     if let Ok(mut t) = shared.trees.lock() {
         t.push(tree.clone());
+    }
+    // A revocation (SIGHUP) may have come while the launcher started this
+    // tree: its handler changes the token set first and then ends the trees
+    // it finds, and this tree is registered before the set is read here, so
+    // either that handler ended it or this check sees the new set.
+    if !still_valid(shared, token) {
+        tracing::info!(session = tree.session, token_id, "serve-http: the token was revoked while its session started");
+        end_tree_as(shared, &tree, true).await;
+        return Err(unauthorized());
     }
     Ok(tree)
 }
@@ -572,42 +693,39 @@ async fn control_loop(shared: Arc<Shared>) {
         match shared.control.recv::<ToFront>().await {
             Ok((ToFront::Spawned { req, session }, Some(fd))) => {
                 let waiter = shared.spawns.lock().ok().and_then(|mut s| s.remove(&req));
-                match waiter {
-                    Some(w) => {
-                        if let Err(Some((_, fd))) = w.send(Some((session, fd))) {
-                            drop(fd);
-                            let _ = shared.control.send(&ToLauncher::End { session, revoked: false }, None).await;
-                        }
-                    }
-                    None => {
-                        drop(fd);
-                        let _ = shared.control.send(&ToLauncher::End { session, revoked: false }, None).await;
-                    }
+                // A tree nobody waits for any more (the spawn timed out) is
+                // let go at once; killed soon if its token was revoked since.
+                let orphan = match waiter {
+                    Some((w, token)) => match w.send(Some((session, fd))) {
+                        Ok(()) => None,
+                        Err(_) => Some(!still_valid(&shared, &token)),
+                    },
+                    None => Some(false),
+                };
+                if let Some(revoked) = orphan {
+                    let _ = shared.control.send(&ToLauncher::End { session, revoked }, None).await;
                 }
             }
             Ok((ToFront::SpawnFailed { req }, _)) | Ok((ToFront::Spawned { req, .. }, None)) => {
-                if let Some(w) = shared.spawns.lock().ok().and_then(|mut s| s.remove(&req)) {
+                if let Some((w, _)) = shared.spawns.lock().ok().and_then(|mut s| s.remove(&req)) {
                     let _ = w.send(None);
                 }
             }
             Ok((ToFront::Tokens(new), _)) => {
-                let revoked: Vec<String> = match shared.tokens.lock() {
-                    Ok(mut t) => {
-                        let gone = t
-                            .iter()
-                            .filter(|old| !new.iter().any(|n| n.id == old.id && digest_eq(&n.sha256, &old.sha256)))
-                            .map(|old| old.id.clone())
-                            .collect();
-                        *t = new;
-                        gone
-                    }
-                    Err(_) => Vec::new(),
-                };
+                // The new set first, then the trees (see `spawn_tree`): a
+                // tree of a token no longer in the set (removed, or its
+                // value changed) ends, and is killed after a short grace.
+                if let Ok(mut t) = shared.tokens.lock() {
+                    *t = new;
+                }
                 let ending: Vec<Arc<Tree>> = shared
                     .trees
                     .lock()
-                    .map(|t| t.iter().filter(|x| revoked.contains(&x.token_id)).cloned().collect())
-                    .unwrap_or_default();
+                    .map(|t| t.iter().cloned().collect::<Vec<_>>())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|x| !still_valid(&shared, &TokenDigest { id: x.token_id.clone(), sha256: x.token_sha256 }))
+                    .collect();
                 for t in ending {
                     end_tree_as(&shared, &t, true).await;
                 }
@@ -633,6 +751,8 @@ async fn reaper(shared: Arc<Shared>) {
     let every = shared.idle.min(Duration::from_secs(1));
     loop {
         tokio::time::sleep(every).await;
+        // What the door did in a flood is reported after it too.
+        shared.door.report();
         let due: Vec<Arc<Tree>> = shared
             .trees
             .lock()
@@ -654,20 +774,85 @@ async fn reaper(shared: Arc<Shared>) {
 // ---------------------------------------------------------------------------
 // Requests
 
+/// Header fields a request may carry at most once: which of two lines a
+/// reader takes would decide who the request is from or what it is.
+const SINGLE: [&str; 7] = [
+    "authorization",
+    "content-type",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "mcp-method",
+    "mcp-name",
+    "last-event-id",
+];
+
+/// A refusal of a request's head; the connection is closed after it, since
+/// what follows on it cannot be trusted to be framed as we read it.
+fn refuse_head(status: StatusCode, why: &str) -> Response<Body> {
+    let mut r = rpc_error(status, Value::Null, -32000, why);
+    r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// What RFC 9112 requires and hyper leaves to its server: exactly one valid
+/// `Host` (§3.2; with an absolute-form target, the same authority), and
+/// `Transfer-Encoding` only as one `chunked` (§6.1: chunked applied twice,
+/// or another coding, is not a body we can frame). `Origin` and the fields
+/// that name the principal or the request appear at most once.
+fn strict_head(req: &Request<Incoming>) -> Result<(), Response<Body>> {
+    let h = req.headers();
+    let mut hosts = h.get_all(header::HOST).iter();
+    let host = match (hosts.next().map(HeaderValue::to_str), hosts.next()) {
+        (Some(Ok(host)), None) if !host.trim().is_empty() => host.trim(),
+        (None, _) => return Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: the Host header is missing")),
+        (_, Some(_)) => return Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: more than one Host header")),
+        (Some(_), None) => return Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: an invalid Host header")),
+    };
+    if let Some(authority) = req.uri().authority()
+        && !authority.as_str().eq_ignore_ascii_case(host)
+    {
+        return Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: the request target names another host"));
+    }
+    if h.get_all(header::ORIGIN).iter().nth(1).is_some() {
+        return Err(refuse_head(StatusCode::FORBIDDEN, "Forbidden: more than one Origin header"));
+    }
+    if let Some(name) = SINGLE.iter().find(|n| h.get_all(**n).iter().nth(1).is_some()) {
+        return Err(refuse_head(StatusCode::BAD_REQUEST, &format!("Bad Request: more than one {name} header")));
+    }
+    let mut codings = h.get_all(header::TRANSFER_ENCODING).iter();
+    match (codings.next(), codings.next()) {
+        (None, _) => Ok(()),
+        (Some(te), None) if te.to_str().is_ok_and(|v| v.trim().eq_ignore_ascii_case("chunked")) => Ok(()),
+        _ => Err(refuse_head(StatusCode::BAD_REQUEST, "Bad Request: Transfer-Encoding other than one chunked coding")),
+    }
+}
+
+/// (hyper itself refuses what it cannot frame: an invalid or conflicting
+/// `Content-Length`, a final coding other than chunked, malformed chunks;
+/// and it closes the connection after a request with both
+/// `Transfer-Encoding` and `Content-Length`, as RFC 9112 §6.3 requires.)
 async fn handle(shared: Arc<Shared>, conn: Arc<Conn>, req: Request<Incoming>) -> Response<Body> {
+    match strict_head(&req) {
+        Ok(()) => checked(shared, conn, req).await,
+        Err(r) => r,
+    }
+}
+
+async fn checked(shared: Arc<Shared>, conn: Arc<Conn>, req: Request<Incoming>) -> Response<Body> {
     if req.uri().path() != "/mcp" {
         return empty(StatusCode::NOT_FOUND);
     }
     if !host_ok(&shared, req.headers()) || !origin_ok(&shared, req.headers()) {
         return rpc_error(StatusCode::FORBIDDEN, Value::Null, -32000, "Forbidden");
     }
-    let Some(token_id) = authenticate(&shared, req.headers()) else {
+    let Some(token) = authenticate(&shared, req.headers()) else {
         return unauthorized();
     };
+    conn.authenticated.store(true, Ordering::Release);
     match *req.method() {
-        Method::POST => post(shared, conn, token_id, req).await,
-        Method::GET => get(shared, token_id, req.headers()),
-        Method::DELETE => delete(shared, token_id, req.headers()).await,
+        Method::POST => post(shared, conn, token, req).await,
+        Method::GET => get(shared, token.id, req.headers()),
+        Method::DELETE => delete(shared, token.id, req.headers()).await,
         _ => {
             let mut r = empty(StatusCode::METHOD_NOT_ALLOWED);
             r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
@@ -695,7 +880,7 @@ fn get(shared: Arc<Shared>, token_id: String, h: &HeaderMap) -> Response<Body> {
         Ok(t) => t,
         Err(r) => return r,
     };
-    if !header_str(h, "accept").is_some_and(|a| a.contains("text/event-stream")) {
+    if !header_list(h, header::ACCEPT).contains("text/event-stream") {
         return empty(StatusCode::NOT_ACCEPTABLE);
     }
     let Some(guard) = acquire_request(&shared, &token_id) else {
@@ -735,54 +920,175 @@ fn decode_header_value(v: &str) -> Option<String> {
 
 /// The 2026-07-28 transport's header rules (SEP-2243): the headers mirror
 /// the body, or the request is refused with `HeaderMismatch`.
-fn check_modern_headers(h: &HeaderMap, msg: &Value) -> Result<(), String> {
-    let id_version = msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").and_then(Value::as_str);
-    match (header_str(h, "mcp-protocol-version"), id_version) {
+fn check_modern_headers(h: &HeaderMap, msg: &ClientMessage) -> Result<(), String> {
+    match (header_str(h, "mcp-protocol-version"), msg.version.as_deref()) {
         (None, _) => return Err("the MCP-Protocol-Version header is missing".into()),
         (Some(hv), Some(bv)) if hv != bv => {
             return Err("the MCP-Protocol-Version header does not match the request's protocolVersion".into());
         }
         _ => {}
     }
-    let method = msg.get("method").and_then(Value::as_str).unwrap_or_default();
+    let method = msg.method.as_deref().unwrap_or_default();
     match header_str(h, "mcp-method") {
         None => return Err("the Mcp-Method header is missing".into()),
         Some(m) if m != method => return Err("the Mcp-Method header does not match the request's method".into()),
         _ => {}
     }
     let name = match method {
-        "tools/call" | "prompts/get" => msg.pointer("/params/name").and_then(Value::as_str),
-        "resources/read" => msg.pointer("/params/uri").and_then(Value::as_str),
+        "tools/call" | "prompts/get" => &msg.name,
+        "resources/read" => &msg.uri,
         _ => return Ok(()),
     };
     match (header_str(h, "mcp-name").map(decode_header_value), name) {
-        (None, Some(_)) => Err("the Mcp-Name header is missing".into()),
+        (None, Named::Text(_) | Named::TooLong) => Err("the Mcp-Name header is missing".into()),
         (Some(None), _) => Err("the Mcp-Name header is malformed".into()),
-        (Some(Some(hv)), Some(bv)) if hv != bv => Err("the Mcp-Name header does not match the request".into()),
+        (Some(Some(_)), Named::TooLong) => Err("the Mcp-Name header does not match the request".into()),
+        (Some(Some(hv)), Named::Text(bv)) if hv != *bv => Err("the Mcp-Name header does not match the request".into()),
         _ => Ok(()),
     }
 }
 
-async fn read_body(shared: &Shared, req: Request<Incoming>) -> Result<Bytes, Response<Body>> {
-    let too_large = || rpc_error(StatusCode::PAYLOAD_TOO_LARGE, Value::Null, -32600, "Request body too large");
-    if let Some(len) = header_str(req.headers(), "content-length").and_then(|v| v.parse::<u64>().ok())
-        && len > shared.max_body as u64
-    {
-        return Err(too_large());
+/// A request body's place in the front's budgets: all tokens'
+/// ([`REQUEST_BUDGET`]) and its token's ([`TOKEN_REQUEST_SHARE`]). Held
+/// until the body is written to its session (or dropped).
+struct BodyCharge {
+    shared: Arc<Shared>,
+    token_id: String,
+    kib: usize,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl BodyCharge {
+    /// Hold `bytes` in all, or answer 429 (the token's share) or 503 (all).
+    fn grow_to(&mut self, bytes: usize) -> Result<(), Response<Body>> {
+        let want = bytes.div_ceil(1024);
+        let Some(more) = want.checked_sub(self.kib).filter(|m| *m > 0) else { return Ok(()) };
+        let share = self.shared.usage.lock().map_err(|_| empty(StatusCode::INTERNAL_SERVER_ERROR)).and_then(|mut u| {
+            let u = u.entry(self.token_id.clone()).or_default();
+            if (u.body_kib + more) * 1024 > TOKEN_REQUEST_SHARE {
+                return Err(too_many("Too much request data in flight for this token (32 MiB); retry later"));
+            }
+            u.body_kib += more;
+            Ok(())
+        });
+        share?;
+        let got =
+            u32::try_from(more).ok().and_then(|n| self.shared.request_budget.clone().try_acquire_many_owned(n).ok());
+        let Some(got) = got else {
+            self.release_share(more);
+            let mut r = rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Null,
+                -32000,
+                "Service Unavailable: the server holds too much request data from all clients (64 MiB); retry later",
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Err(r);
+        };
+        match &mut self.permit {
+            Some(p) => p.merge(got),
+            None => self.permit = Some(got),
+        }
+        self.kib = want;
+        Ok(())
     }
-    // A body that trickles in holds a connection; it gets as long as the
-    // headers do.
-    match tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), shared.max_body).collect()).await {
-        Err(_elapsed) => Err(empty(StatusCode::REQUEST_TIMEOUT)),
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(_)) => Err(empty(StatusCode::BAD_REQUEST)),
+
+    /// Hold only `bytes` (at least one KiB) from now on.
+    fn shrink_to(&mut self, bytes: usize) {
+        let want = bytes.div_ceil(1024).max(1);
+        let Some(less) = self.kib.checked_sub(want).filter(|l| *l > 0) else { return };
+        if let Some(p) = &mut self.permit {
+            drop(p.split(less));
+        }
+        self.release_share(less);
+        self.kib = want;
+    }
+
+    fn release_share(&self, kib: usize) {
+        if let Ok(mut u) = self.shared.usage.lock()
+            && let Some(u) = u.get_mut(&self.token_id)
+        {
+            u.body_kib = u.body_kib.saturating_sub(kib);
+        }
     }
 }
 
-async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Request<Incoming>) -> Response<Body> {
+impl Drop for BodyCharge {
+    fn drop(&mut self) {
+        self.release_share(self.kib);
+    }
+}
+
+/// Read a request body into one buffer, within the size limit, the time
+/// limit and the budgets. With a `Content-Length` the buffer is that size at
+/// once; a chunked body grows it (doubling, charged as it grows).
+async fn read_body(
+    shared: &Arc<Shared>,
+    token_id: &str,
+    req: Request<Incoming>,
+) -> Result<(Vec<u8>, BodyCharge), Response<Body>> {
+    let too_large = || rpc_error(StatusCode::PAYLOAD_TOO_LARGE, Value::Null, -32600, "Request body too large");
+    let declared = header_str(req.headers(), "content-length").and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > shared.max_body as u64) {
+        return Err(too_large());
+    }
+    let mut charge = BodyCharge { shared: shared.clone(), token_id: token_id.to_owned(), kib: 0, permit: None };
+    let declared = declared.and_then(|l| usize::try_from(l).ok());
+    let mut incoming = req.into_body();
+    // A body that trickles in holds a connection; it gets as long as the
+    // headers do.
+    let deadline = tokio::time::sleep(BODY_TIMEOUT);
+    tokio::pin!(deadline);
+    let mut refused = declared.map(|len| charge.grow_to(len)).and_then(Result::err);
+    let mut body: Vec<u8> = Vec::with_capacity(if refused.is_none() { declared.unwrap_or(0) } else { 0 });
+    let mut read = 0usize;
+    // Bounded: every frame adds data (the size limit ends it) or ends the body.
+    loop {
+        let frame = tokio::select! {
+            f = incoming.frame() => f,
+            () = &mut deadline => return Err(empty(StatusCode::REQUEST_TIMEOUT)),
+        };
+        let data = match frame {
+            None => break,
+            Some(Err(_)) => return Err(empty(StatusCode::BAD_REQUEST)),
+            Some(Ok(f)) => match f.into_data() {
+                Ok(d) => d,
+                Err(_trailers) => continue,
+            },
+        };
+        read += data.len();
+        if read > shared.max_body {
+            return Err(too_large());
+        }
+        // A body refused for the budget is still read (and dropped as it
+        // comes), so that its client gets the answer rather than a broken
+        // connection in the middle of its upload.
+        if refused.is_some() {
+            continue;
+        }
+        if read > body.capacity() {
+            // While the buffer moves, the old and the new one both exist.
+            let cap = read.max(body.capacity() * 2).max(64 * 1024).min(shared.max_body);
+            if let Err(r) = charge.grow_to(body.capacity() + cap) {
+                refused = Some(r);
+                body = Vec::new();
+                continue;
+            }
+            body.reserve_exact(cap - body.len());
+            charge.shrink_to(body.capacity());
+        }
+        body.extend_from_slice(&data);
+    }
+    match refused {
+        Some(r) => Err(r),
+        None => Ok((body, charge)),
+    }
+}
+
+async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token: TokenDigest, req: Request<Incoming>) -> Response<Body> {
+    let token_id = token.id.clone();
     let headers = req.headers().clone();
-    let accept = header_str(&headers, "accept").unwrap_or("").to_ascii_lowercase();
+    let accept = header_list(&headers, header::ACCEPT).to_ascii_lowercase();
     let any = accept.is_empty() || accept.contains("*/*");
     let wants_sse = any || accept.contains("text/event-stream");
     if !(any || wants_sse || accept.contains("application/json")) {
@@ -804,28 +1110,26 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
             "Unsupported Media Type: application/json",
         );
     }
-    let body = match read_body(&shared, req).await {
+    let (mut body, charge) = match read_body(&shared, &token_id, req).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
-        return rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32700, "Parse error");
+    // Only the envelope is read; the body goes on as the client sent it.
+    let msg = match message::client(&body) {
+        Ok(m) => m,
+        Err(Refusal::Parse) => return rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32700, "Parse error"),
+        Err(Refusal::Invalid(why)) => {
+            return rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32600, &format!("Invalid Request: {why}"));
+        }
     };
-    if !msg.is_object() || msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return rpc_error(
-            StatusCode::BAD_REQUEST,
-            Value::Null,
-            -32600,
-            "Invalid Request: one JSON-RPC 2.0 message per POST",
-        );
-    }
-    let id = msg.get("id").cloned().unwrap_or(Value::Null);
-    let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
-    let is_request = method.is_some() && msg.get("id").is_some();
+    message::one_line(&mut body);
+    let id: Value = msg.id.as_ref().map(|i| i.value.clone()).unwrap_or(Value::Null);
+    let is_request = msg.is_request();
     let legacy_versions_ok = |h: &HeaderMap| match header_str(h, "mcp-protocol-version") {
         None => true,
         Some(v) => LEGACY_VERSIONS.contains(&v),
     };
+    let relayed = Relayed { body, msg, charge };
     if headers.contains_key("mcp-session-id") {
         let tree = match legacy_session(&shared, &token_id, &headers) {
             Ok(t) => t,
@@ -834,16 +1138,16 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
         if !legacy_versions_ok(&headers) {
             return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Unsupported MCP-Protocol-Version");
         }
-        return relay(&shared, &tree, msg, &token_id, Era::Legacy, wants_sse, None).await;
+        return relay(&shared, &tree, relayed, &token_id, Era::Legacy, wants_sse, None).await;
     }
     // A message of the modern era: its header or its `_meta` names a
     // revision the legacy era does not have.
-    let modern_signal = msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").is_some()
+    let modern_signal = relayed.msg.version_key
         || header_str(&headers, "mcp-protocol-version").is_some_and(|v| !LEGACY_VERSIONS.contains(&v));
     // `initialize` opens a legacy session; sent the modern way it is a
     // method that revision removed, answered by a tree (-32601, 404).
-    if method.as_deref() == Some("initialize") && is_request && !modern_signal {
-        let tree = match spawn_tree(&shared, &token_id, &conn.peer).await {
+    if relayed.msg.method.as_deref() == Some("initialize") && is_request && !modern_signal {
+        let tree = match spawn_tree(&shared, &token, &conn.peer).await {
             Ok(t) => t,
             Err(r) => return r,
         };
@@ -852,7 +1156,7 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
             s.insert(sid.clone(), tree.clone());
         }
         tracing::info!(session = tree.session, token_id = %token_id, "serve-http: legacy session opened");
-        return relay(&shared, &tree, msg, &token_id, Era::Legacy, wants_sse, Some(sid)).await;
+        return relay(&shared, &tree, relayed, &token_id, Era::Legacy, wants_sse, Some(sid)).await;
     }
     if !modern_signal {
         return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Bad Request: Mcp-Session-Id header is required");
@@ -866,11 +1170,12 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
         if let Some(tree) = tree
             && !tree.ended.is_cancelled()
         {
-            tree.forward(msg).await;
+            let Relayed { body, msg, charge } = relayed;
+            tree.forward(body, cancels(&msg), charge).await;
         }
         return empty(StatusCode::ACCEPTED);
     }
-    if let Err(why) = check_modern_headers(&headers, &msg) {
+    if let Err(why) = check_modern_headers(&headers, &relayed.msg) {
         return rpc_error(StatusCode::BAD_REQUEST, id, -32020, &format!("Header mismatch: {why}"));
     }
     // The modern era has no sessions: its state lives in explicit handles
@@ -884,7 +1189,7 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
         let key = (token_id.clone(), conn.host.clone());
         match modern.get(&key) {
             Some(t) if !t.ended.is_cancelled() => t.clone(),
-            _ => match spawn_tree(&shared, &token_id, &conn.host).await {
+            _ => match spawn_tree(&shared, &token, &conn.host).await {
                 Ok(t) => {
                     modern.insert(key, t.clone());
                     t
@@ -895,11 +1200,22 @@ async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token_id: String, req: Reque
     };
     // A request without the `_meta` every modern request carries is
     // rejected by the session (-32602), and over HTTP with a 400.
-    let meta_complete =
-        msg.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").is_some_and(Value::is_string)
-            && msg.pointer("/params/_meta/io.modelcontextprotocol~1clientCapabilities").is_some_and(Value::is_object);
+    let meta_complete = relayed.msg.version.is_some() && relayed.msg.capabilities_object;
     let era = Era::Modern { meta_complete };
-    relay(&shared, &tree, msg, &token_id, era, wants_sse, None).await
+    relay(&shared, &tree, relayed, &token_id, era, wants_sse, None).await
+}
+
+/// A client message on its way to a tree: its body (one line), what the
+/// front read of it, and its place in the budgets.
+struct Relayed {
+    body: Vec<u8>,
+    msg: ClientMessage,
+    charge: BodyCharge,
+}
+
+/// The id a `notifications/cancelled` names, to be translated.
+fn cancels(msg: &ClientMessage) -> Option<message::Id> {
+    (msg.method.as_deref() == Some("notifications/cancelled")).then(|| msg.request_id.clone()).flatten()
 }
 
 /// The era a relayed request belongs to, as far as its HTTP answer goes.
@@ -917,8 +1233,8 @@ enum Era {
 /// invalid-params error is a 400 only when it is about the request's
 /// missing `_meta` (other invalid params, such as an unknown resource,
 /// are answers like any other).
-fn modern_status(msg: &Value, meta_complete: bool) -> StatusCode {
-    match msg.pointer("/error/code").and_then(Value::as_i64) {
+fn modern_status(error_code: Option<i64>, meta_complete: bool) -> StatusCode {
+    match error_code {
         Some(-32601) => StatusCode::NOT_FOUND,
         Some(-32022..=-32020) => StatusCode::BAD_REQUEST,
         Some(-32602) if !meta_complete => StatusCode::BAD_REQUEST,
@@ -929,26 +1245,27 @@ fn modern_status(msg: &Value, meta_complete: bool) -> StatusCode {
 async fn relay(
     shared: &Arc<Shared>,
     tree: &Arc<Tree>,
-    msg: Value,
+    relayed: Relayed,
     token_id: &str,
     era: Era,
     wants_sse: bool,
     session_id: Option<String>,
 ) -> Response<Body> {
     let modern = matches!(era, Era::Modern { .. });
-    let is_request = msg.get("method").is_some() && msg.get("id").is_some();
-    if !is_request {
-        return if tree.forward(msg).await {
+    let Relayed { body, msg, charge } = relayed;
+    let (Some(client_id), true) = (msg.id.clone(), msg.is_request()) else {
+        return if tree.forward(body, cancels(&msg), charge).await {
             empty(StatusCode::ACCEPTED)
         } else {
             rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "The session has ended")
         };
-    }
-    let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    };
+    let id = client_id.value.clone();
     let Some(mut guard) = acquire_request(shared, token_id) else {
         return too_many("Too many concurrent requests for this token");
     };
-    let Some(sent) = tree.request(msg).await else {
+    let req = ClientRequest { body, id: client_id, progress: msg.progress, sse: wants_sse };
+    let Some(sent) = tree.request(req, charge).await else {
         guard.done = true;
         return rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session has ended");
     };
@@ -965,13 +1282,13 @@ async fn relay(
                 guard.done = true;
                 break rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session ended before answering");
             }
-            Some(m) if is_response(&m) => {
+            Some(m) if m.kind == Kind::Response => {
                 guard.done = true;
                 let status = match era {
-                    Era::Modern { meta_complete } => modern_status(&m, meta_complete),
+                    Era::Modern { meta_complete } => modern_status(m.error_code, meta_complete),
                     Era::Legacy => StatusCode::OK,
                 };
-                break full(status, "application/json", serde_json::to_vec(&m).unwrap_or_default());
+                break json_message(status, m);
             }
             Some(m) if wants_sse => break sse(Some(m), rx, guard),
             // A client that takes only JSON gets the response alone.
@@ -1003,6 +1320,7 @@ mod tests {
     fn modern_headers_mirror_the_body() {
         let msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "get_action",
             "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+        let msg = message::client(&serde_json::to_vec(&msg).unwrap()).unwrap();
         let ok = [("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call"), ("mcp-name", "get_action")];
         assert!(check_modern_headers(&headers(&ok), &msg).is_ok());
         let b64 = [
@@ -1038,12 +1356,11 @@ mod tests {
 
     #[test]
     fn modern_errors_map_to_their_http_status() {
-        let e = |code: i64| json!({"jsonrpc": "2.0", "id": 1, "error": {"code": code, "message": "x"}});
-        assert_eq!(modern_status(&e(-32601), true), StatusCode::NOT_FOUND);
-        assert_eq!(modern_status(&e(-32022), true), StatusCode::BAD_REQUEST);
-        assert_eq!(modern_status(&e(-32020), true), StatusCode::BAD_REQUEST);
-        assert_eq!(modern_status(&e(-32602), true), StatusCode::OK);
-        assert_eq!(modern_status(&e(-32602), false), StatusCode::BAD_REQUEST);
-        assert_eq!(modern_status(&json!({"jsonrpc": "2.0", "id": 1, "result": {}}), false), StatusCode::OK);
+        assert_eq!(modern_status(Some(-32601), true), StatusCode::NOT_FOUND);
+        assert_eq!(modern_status(Some(-32022), true), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(Some(-32020), true), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(Some(-32602), true), StatusCode::OK);
+        assert_eq!(modern_status(Some(-32602), false), StatusCode::BAD_REQUEST);
+        assert_eq!(modern_status(None, false), StatusCode::OK);
     }
 }

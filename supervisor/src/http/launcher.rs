@@ -86,6 +86,10 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
+    let socket_mode = match options::parse_socket_mode(&opts.socket_mode) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
     let tokens = match options::load_tokens(&opts.http_token_file) {
         Ok(t) => t,
         Err(e) => return fail(e),
@@ -113,7 +117,7 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
             Ok(l) => Listener::Tcp(l),
             Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
         },
-        Listen::Unix(path) => match bind_unix(path) {
+        Listen::Unix(path) => match bind_unix(path, socket_mode) {
             Ok(l) => Listener::Unix(l, path.clone()),
             Err(e) => return fail(format!("cannot listen on {}: {e}", path.display())),
         },
@@ -152,12 +156,19 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
     };
     let session_args = session_args(cli);
     let code = rt.block_on(async {
+        // The handlers exist before anyone is told where we listen, so a
+        // SIGTERM sent from then on stops serve-http cleanly.
+        let (Ok(hup), Ok(term), Ok(int)) =
+            (signal(SignalKind::hangup()), signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
+            return fail("cannot install signal handlers");
+        };
         let (front, control) = match start_front(&listener, &filter, unconfined_ok, setup) {
             Ok(f) => f,
             Err(e) => return fail(format!("cannot start the HTTP front: {e}")),
         };
         tracing::info!(listen = %shown, "serve-http: listening on {shown}");
-        serve(front, control, session_args, opts.http_token_file.clone()).await
+        serve(front, control, Signals { hup, term, int }, session_args, opts.http_token_file.clone()).await
     });
     if let Listener::Unix(_, path) = &listener {
         let _ = std::fs::remove_file(path);
@@ -165,9 +176,26 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
     code
 }
 
+/// Bind a Unix socket with permission bits `mode`, whatever the umask: it is
+/// created owner-only (umask 177 around the bind; the launcher has no other
+/// thread yet) and then given `mode`, so it is never more open than asked.
+fn bind_unix(path: &std::path::Path, mode: u32) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use nix::sys::stat::{Mode, umask};
+    use std::os::unix::fs::PermissionsExt;
+    let old = umask(Mode::from_bits_truncate(0o177));
+    let bound = bind_unix_replacing(path);
+    umask(old);
+    let listener = bound?;
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
 /// Bind a Unix socket; a socket left behind by a server that is gone (a
 /// connection is refused) is replaced, anything else at the path is not.
-fn bind_unix(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+fn bind_unix_replacing(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     match std::os::unix::net::UnixListener::bind(path) {
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
@@ -268,17 +296,20 @@ struct Session {
     pid: Pid,
 }
 
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
 async fn serve(
     mut front: tokio::process::Child,
     control: Channel,
+    signals: Signals,
     session_args: Vec<OsString>,
     token_file: std::path::PathBuf,
 ) -> ExitCode {
-    let (Ok(mut hup), Ok(mut term), Ok(mut int)) =
-        (signal(SignalKind::hangup()), signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        return fail("cannot install signal handlers");
-    };
+    let Signals { mut hup, mut term, mut int } = signals;
     let control = std::rc::Rc::new(control);
     let (exited_tx, mut exited_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
     let mut sessions: HashMap<u64, Session> = HashMap::new();

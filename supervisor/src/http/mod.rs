@@ -16,15 +16,26 @@
 //!   stdin and stdout, exactly like a systemd `Accept=yes` connection.
 
 pub mod control;
+mod door;
 pub mod front;
 pub mod launcher;
+mod message;
 pub mod options;
 mod relay;
+mod stall;
 
 use crate::audit::Principal;
 
 /// The hidden first argument that runs the HTTP front.
 pub const FRONT_ARG: &str = "__snowluma-http-front";
+
+/// A line a session tree writes just before a server request it makes
+/// within a client's request (`params`: the server request's `id` and the
+/// client request's, `relatedRequestId`), so that the front sends the server
+/// request on that request's stream (rmcp knows the association but it
+/// never reaches the wire). Written only by sessions the launcher started;
+/// the front consumes it.
+pub const RELATED_METHOD: &str = "notifications/io.snowluma-mcp/related";
 
 /// Set by the launcher for a session it starts: `<token id> <peer>`. Read
 /// once at startup and scrubbed; only the audit log uses it.

@@ -30,6 +30,16 @@ pub fn parse_listen(raw: &str) -> Result<Listen, String> {
     })
 }
 
+/// `--socket-mode`: permission bits in octal (`660`, `0600`), nothing else.
+pub fn parse_socket_mode(raw: &str) -> Result<u32, String> {
+    let digits = raw.strip_prefix("0o").unwrap_or(raw);
+    let mode = (!digits.is_empty() && digits.len() <= 4 && digits.bytes().all(|b| (b'0'..=b'7').contains(&b)))
+        .then(|| u32::from_str_radix(digits, 8).ok())
+        .flatten()
+        .filter(|m| *m <= 0o777);
+    mode.ok_or_else(|| format!("--socket-mode {raw:?} is not permission bits in octal (such as 660 or 600)"))
+}
+
 /// Refuse a non-loopback TCP address unless it has TLS and `--allow-remote`.
 pub fn check_exposure(listen: &Listen, tls: bool, allow_remote: bool) -> Result<(), String> {
     match listen {
@@ -160,5 +170,15 @@ mod tests {
         assert!(check_exposure(&parse_listen("127.0.0.1:0").unwrap(), false, false).is_ok());
         assert!(check_exposure(&parse_listen("/run/x.sock").unwrap(), false, false).is_ok());
         assert!(parse_listen("localhost:80").is_err());
+    }
+
+    #[test]
+    fn socket_modes() {
+        assert_eq!(parse_socket_mode("660"), Ok(0o660));
+        assert_eq!(parse_socket_mode("0600"), Ok(0o600));
+        assert_eq!(parse_socket_mode("0o666"), Ok(0o666));
+        for bad in ["", "8", "1777", "4755", "rw", "-1", "0o", "66 0"] {
+            assert!(parse_socket_mode(bad).is_err(), "{bad}");
+        }
     }
 }

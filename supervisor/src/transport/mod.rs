@@ -53,6 +53,10 @@ pub struct LineTransport {
     server_info: Arc<Value>,
     /// The audit log digests every execution's params (so they are parsed).
     audit: bool,
+    /// Behind serve-http's front: a server request made within a client's
+    /// request is preceded by the marker naming that request
+    /// ([`crate::http::RELATED_METHOD`]).
+    relayed: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +82,15 @@ impl LineTransport {
             state: Arc::default(),
             server_info: Arc::new(server_info),
             audit,
+            relayed: false,
         }
+    }
+
+    /// This session runs behind serve-http's front (the launcher named its
+    /// principal): mark server requests with the request they belong to.
+    pub fn relayed(mut self, relayed: bool) -> LineTransport {
+        self.relayed = relayed;
+        self
     }
 
     /// stdin/stdout, each direction driven according to what the host gave
@@ -146,6 +158,18 @@ fn id_key(id: &rmcp::model::RequestId) -> String {
     serde_json::to_string(id).unwrap_or_default()
 }
 
+/// The marker line for a server request made within a client's request
+/// (rmcp records that request in the message's extensions, which never
+/// reach the wire): `{"method": RELATED_METHOD, "params": {"id", "relatedRequestId"}}`.
+fn related_marker(item: &TxJsonRpcMessage<RoleServer>) -> Option<Vec<u8>> {
+    use rmcp::model::GetExtensions;
+    let JsonRpcMessage::Request(r) = item else { return None };
+    let origin = r.request.extensions().get::<rmcp::service::OriginatingRequestId>()?;
+    let marker = serde_json::json!({"jsonrpc": "2.0", "method": crate::http::RELATED_METHOD,
+        "params": {"id": r.id, "relatedRequestId": origin.0}});
+    serde_json::to_vec(&marker).ok()
+}
+
 impl Transport<RoleServer> for LineTransport {
     type Error = TransportError;
 
@@ -156,6 +180,7 @@ impl Transport<RoleServer> for LineTransport {
         let out = self.out.clone();
         let state = self.state.clone();
         let server_info = self.server_info.clone();
+        let marker = if self.relayed { related_marker(&item) } else { None };
         async move {
             let id = match &item {
                 JsonRpcMessage::Response(r) => Some(id_key(&r.id)),
@@ -176,7 +201,7 @@ impl Transport<RoleServer> for LineTransport {
                 None => false,
             };
             let line = writer::encode(&item, modern, &server_info)?;
-            out.deliver(&item, line).await;
+            out.deliver(&item, marker, line).await;
             Ok(())
         }
     }

@@ -87,10 +87,21 @@ impl Out {
     }
 
     /// Write one of rmcp's messages, already encoded as `line` (without its
-    /// newline). A reply that follows a progress notification first lets
-    /// the client read the notification.
-    pub(super) async fn deliver(&self, item: &TxJsonRpcMessage<RoleServer>, mut line: Vec<u8>) {
+    /// newline), after `marker` (a line of its own, in the same write). A
+    /// reply that follows a progress notification first lets the client
+    /// read the notification.
+    pub(super) async fn deliver(
+        &self,
+        item: &TxJsonRpcMessage<RoleServer>,
+        marker: Option<Vec<u8>>,
+        mut line: Vec<u8>,
+    ) {
         line.push(b'\n');
+        if let Some(mut marker) = marker {
+            marker.push(b'\n');
+            marker.append(&mut line);
+            line = marker;
+        }
         let is_reply = matches!(item, JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_));
         let is_progress = matches!(
             item,
