@@ -221,6 +221,9 @@ fn zeros_call(id: i64, tool: &str, open: &str, close: &str) -> String {
 
 /// The supervisor's stated worst case (README, Limits: "memory worst case").
 const SUPERVISOR_WORST_MIB: u64 = 256;
+/// The README's figure for the catalog worker and the network executor
+/// under the same requests.
+const WORKER_WORST_MIB: u64 = 128;
 
 /// The largest requests the limits allow: 8 MiB `query_action` calls whose
 /// params are an array of zeros (the costliest JSON to parse), more than the
@@ -306,4 +309,8 @@ fn the_largest_requests_stay_within_the_stated_memory() {
         peak_mib(executor)
     );
     assert!(peak < SUPERVISOR_WORST_MIB, "supervisor peak {peak} MiB, stated worst case {SUPERVISOR_WORST_MIB} MiB");
+    for (who, pid) in [("catalog worker", catalog), ("network executor", executor)] {
+        let peak = peak_mib(pid);
+        assert!(peak < WORKER_WORST_MIB, "{who} peak {peak} MiB, stated worst case {WORKER_WORST_MIB} MiB");
+    }
 }
