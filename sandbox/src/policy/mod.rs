@@ -214,3 +214,35 @@ pub fn allowed_count(role: Role) -> usize {
     names.dedup();
     names.len()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// The least-privilege matrix in ARCHITECTURE.md states each worker
+    /// role's number of allowed system calls: it must be the policy's.
+    #[test]
+    fn the_architecture_matrix_states_each_workers_syscall_count() {
+        let doc = include_str!("../../../ARCHITECTURE.md");
+        for (row, role) in [
+            ("| catalog worker |", Role::Catalog),
+            ("| network executor |", Role::Network),
+            ("| file-transfer worker |", Role::Files),
+            ("| task store |", Role::Tasks),
+        ] {
+            // The matrix comes after the process table, whose rows start alike.
+            let line = doc
+                .lines()
+                .rfind(|l| l.starts_with(row))
+                .unwrap_or_else(|| panic!("ARCHITECTURE.md has no matrix row {row}"));
+            let last = line.trim_end().trim_end_matches('|').rsplit('|').next().unwrap().trim();
+            let stated: usize = last
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{row}: no syscall count in {last:?}"));
+            assert_eq!(stated, allowed_count(role), "ARCHITECTURE.md's matrix states {stated} syscalls for {row}");
+        }
+    }
+}
