@@ -13,6 +13,7 @@ mod logsink;
 mod policy;
 mod preview;
 mod progress;
+mod replies;
 mod runtime;
 mod secret;
 mod server;

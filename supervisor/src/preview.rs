@@ -120,7 +120,7 @@ pub fn tool_meta() -> MetaObject {
 /// Whether this request's client declared the Apps extension with our MIME
 /// type: per request for 2026-07-28, from `initialize` for older revisions.
 pub fn ui_declared(ctx: &RequestContext<RoleServer>) -> bool {
-    if crate::server::is_modern(ctx) {
+    if crate::replies::is_modern(ctx) {
         return ctx
             .meta
             .get("io.modelcontextprotocol/clientCapabilities")

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, MetaObject, PaginatedRequestParams,
-    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource, ResourceContents,
-    ResourceTemplate, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourceTemplate, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::events::{EventHub, EventsError};
 use crate::gates;
 use crate::policy::Policy;
+use crate::replies::{call_error_reply, is_modern, render, tool_reply};
 use crate::tools::{self, Handler, ToolSpec};
 use crate::trace::{CallTrace, hex};
 use crate::transfers::TransferService;
@@ -90,83 +91,6 @@ fn modern_form(ctx: &RequestContext<RoleServer>) -> bool {
 /// A refused continuation, as the JSON-RPC error the protocol asks for.
 fn state_error(e: StateError) -> McpError {
     McpError::invalid_params(e.to_string(), None)
-}
-
-pub(crate) fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
-    ctx.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
-}
-
-/// The tool reply of a worker call that answers with a tool result: the
-/// worker's own reply, or an error reply for what went wrong on the way.
-pub(crate) fn tool_reply(worker: &str, r: Result<Reply, CallError>, write: bool) -> ToolReply {
-    match r {
-        Ok(Reply::Tool(t)) => t,
-        Ok(Reply::Error(WorkerError::ReplyTooLarge { bytes, limit })) => {
-            let message = format!("结果（{bytes} 字节）超过本服务器进程间 {limit} 字节的上限，无法传回。");
-            let d = if write {
-                Diagnostics::unknown(FailureKind::InvalidResponse, message)
-                    .with_next_step("The action may have run: check its effect before trying again.")
-            } else {
-                Diagnostics::failed(FailureKind::InvalidResponse, message)
-                    .with_next_step("Ask for less data (a smaller page or a narrower query).")
-            };
-            ToolReply::error(d)
-        }
-        Ok(other) => {
-            ToolReply::fail(FailureKind::Execution, format!("{worker} answered unexpectedly: {}", reply_kind(&other)))
-        }
-        Err(e) => call_error_reply(e, write),
-    }
-}
-
-pub(crate) fn call_error_reply(e: CallError, write: bool) -> ToolReply {
-    match e {
-        // Refused before it was sent: nothing ran.
-        CallError::TooLarge { .. } => ToolReply::error(
-            Diagnostics::failed(FailureKind::InvalidArguments, e.to_string())
-                .with_next_step("Send smaller arguments (split the work into several calls)."),
-        ),
-        CallError::Cancelled => ToolReply::error(Diagnostics {
-            outcome: if write { snowluma_proto::Outcome::Unknown } else { snowluma_proto::Outcome::Failed },
-            kind: Some(FailureKind::Cancelled),
-            message: Some(e.to_string()),
-            next_step: None,
-        }),
-        CallError::WorkerDied(_) if write => {
-            ToolReply::error(Diagnostics::unknown(FailureKind::WorkerUnavailable, e.to_string()).with_next_step(
-                "The action may or may not have reached SnowLuma; check its effect before trying again.",
-            ))
-        }
-        CallError::WorkerDied(_) | CallError::Unavailable(_) => ToolReply::error(
-            Diagnostics::failed(FailureKind::WorkerUnavailable, e.to_string()).with_next_step("Call the tool again."),
-        ),
-    }
-}
-
-/// Render a finished call: `structuredContent` `{result, diagnostics}`, the
-/// result's JSON (or the error message) as the text block, and the call's
-/// `traceparent` in `_meta`.
-pub fn render(reply: ToolReply, trace: &CallTrace) -> CallToolResult {
-    let result = match &reply.result {
-        Some(t) => t.parse().unwrap_or(Value::Null),
-        None => Value::Null,
-    };
-    let text = if reply.is_error {
-        reply.diagnostics.message.clone().unwrap_or_else(|| "tool call failed".to_owned())
-    } else {
-        serde_json::to_string_pretty(&result).unwrap_or_default()
-    };
-    let structured = json!({"result": result, "diagnostics": reply.diagnostics.to_json()});
-    let mut out = if reply.is_error {
-        CallToolResult::error(vec![ContentBlock::text(text)])
-    } else {
-        CallToolResult::success(vec![ContentBlock::text(text)])
-    };
-    out.structured_content = Some(structured);
-    let mut meta = MetaObject::new();
-    meta.insert("traceparent".into(), json!(trace.traceparent));
-    out.meta = Some(meta);
-    out
 }
 
 /// The services a server may have beside its workers.
@@ -811,17 +735,6 @@ impl SnowlumaServer {
     /// gates as `query_action`.
     pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
         self.exec_call(tools::QUERY_ACTION, json!({"action": action, "params": {}}), trace, cancel, None).await
-    }
-}
-
-fn reply_kind(r: &Reply) -> &'static str {
-    match r {
-        Reply::Tool(_) => "tool",
-        Reply::Resource(_) => "resource",
-        Reply::Error(_) => "error",
-        Reply::Files(_) => "files",
-        Reply::EventsClosed { .. } => "events closed",
-        Reply::Tasks(_) => "tasks",
     }
 }
 

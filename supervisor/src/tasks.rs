@@ -35,7 +35,7 @@ pub const MISSING_CAPABILITY: i32 = -32021;
 /// Whether this request may use tasks: a 2026-07-28 request whose own client
 /// capabilities declare the extension.
 pub fn declared(ctx: &RequestContext<RoleServer>) -> bool {
-    crate::server::is_modern(ctx)
+    crate::replies::is_modern(ctx)
         && ctx
             .meta
             .get("io.modelcontextprotocol/clientCapabilities")

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{FdTag, TransferService, files_call, relay_fd};
-use crate::server::{call_error_reply, tool_reply};
+use crate::replies::{call_error_reply, tool_reply};
 use crate::workers::WorkerSlot;
 
 /// A download's share of the directory quota, released when dropped.

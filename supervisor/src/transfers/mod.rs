@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::upload::{INSIDE_THE_ROOT, not_configured_upload, nul_in_path, outside_root, upload_failure};
-use crate::server::call_error_reply;
+use crate::replies::call_error_reply;
 use crate::workers::WorkerSlot;
 
 /// Paths on the MCP host for transfers, resolved at startup.

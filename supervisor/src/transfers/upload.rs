@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{FdTag, TransferService, UPLOAD_CHUNK_BYTES, files_call, relay_fd};
-use crate::server::tool_reply;
+use crate::replies::tool_reply;
 
 /// A failure of the automatic upload as the Node server words it:
 /// `调用失败 (<action>): action <action> stream <stage>: <detail>`.
