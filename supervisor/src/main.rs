@@ -14,6 +14,7 @@ mod policy;
 mod preview;
 mod progress;
 mod replies;
+mod resources;
 mod runtime;
 mod secret;
 mod server;
