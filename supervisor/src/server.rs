@@ -91,6 +91,26 @@ fn state_error(e: StateError) -> McpError {
     McpError::invalid_params(e.to_string(), None)
 }
 
+/// Where a call's progress notifications go.
+pub(crate) enum ProgressSink {
+    /// Nowhere: the client sent no progress token, or nobody listens.
+    None,
+    /// To the client, as `notifications/progress` for its token.
+    Client(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken),
+    /// To a background task's record (what `tasks/get` shows).
+    Task(tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>),
+}
+
+impl ProgressSink {
+    /// The client's sink when this request carries a progress token.
+    pub(crate) fn client(ctx: &RequestContext<RoleServer>) -> ProgressSink {
+        match ctx.meta.get_progress_token() {
+            Some(token) => ProgressSink::Client(ctx.peer.clone(), token),
+            None => ProgressSink::None,
+        }
+    }
+}
+
 /// The services a server may have beside its workers.
 pub struct Services {
     /// File transfers (write mode with a download directory).
@@ -163,7 +183,7 @@ impl SnowlumaServer {
         // A call that a gate or the policy refuses gets that refusal at once
         // (through exec_call, which also audits a policy refusal), not a task.
         if self.gated(spec, &args).is_none() {
-            return Err(self.exec_call(spec, args, trace, &CancellationToken::new(), None).await);
+            return Err(self.exec_call(spec, args, trace, &CancellationToken::new(), ProgressSink::None).await);
         }
         if action.transfer == Some(FileTransfer::Upload) && parsed.input_file().is_none() {
             return Err(ToolReply::error(
@@ -217,7 +237,7 @@ impl SnowlumaServer {
         });
         tokio::spawn(async move {
             let running = running;
-            let reply = me.exec_task(spec, args, &trace, &running.cancel, progress_tx).await;
+            let reply = me.exec_call(spec, args, &trace, &running.cancel, ProgressSink::Task(progress_tx)).await;
             let cancelled = running.cancel.is_cancelled() && reply.diagnostics.kind == Some(FailureKind::Cancelled);
             let mut record = record;
             if cancelled {
@@ -294,31 +314,17 @@ impl SnowlumaServer {
     }
 
     /// `query_action` / `invoke_action`: the gates of `gates.rs` in order,
-    /// the audit records, then the request (or transfer).
+    /// the audit records, then the request (or transfer). Progress goes to
+    /// `progress`: the client, a background task's record, or nowhere.
     async fn exec_call(
         &self,
         spec: ToolSpec,
         args: impl Into<gates::Args>,
         trace: &CallTrace,
         cancel: &CancellationToken,
-        progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
+        progress: ProgressSink,
     ) -> ToolReply {
-        match self.execute(spec, args.into(), trace, cancel, progress, None).await {
-            Ok(reply) | Err(reply) => reply,
-        }
-    }
-
-    /// [`Self::exec_call`] for a background task: progress goes to
-    /// `task_progress` (what `tasks/get` shows) instead of the client.
-    async fn exec_task(
-        &self,
-        spec: ToolSpec,
-        args: Value,
-        trace: &CallTrace,
-        cancel: &CancellationToken,
-        task_progress: tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>,
-    ) -> ToolReply {
-        match self.execute(spec, args.into(), trace, cancel, None, Some(task_progress)).await {
+        match self.execute(spec, args.into(), trace, cancel, progress).await {
             Ok(reply) | Err(reply) => reply,
         }
     }
@@ -329,8 +335,7 @@ impl SnowlumaServer {
         args: gates::Args,
         trace: &CallTrace,
         cancel: &CancellationToken,
-        progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
-        task_progress: Option<tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>>,
+        progress: ProgressSink,
     ) -> Result<ToolReply, ToolReply> {
         let tool = spec.name;
         // The mode first (re-checked on every call), as Node.
@@ -390,19 +395,21 @@ impl SnowlumaServer {
             write: !action.read_only,
             trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
             transfer: None,
-            progress: (progress.is_some() || task_progress.is_some()) && action.stream,
+            progress: !matches!(progress, ProgressSink::None) && action.stream,
             file_action: action.transfer.map(|t| match t {
                 FileTransfer::Upload => FileAction::Upload,
                 FileTransfer::Download => FileAction::Download,
             }),
         };
-        let forwarder = match progress {
-            Some((peer, token)) if action.stream => {
-                Some(crate::progress::Forwarder::start(peer, token, cancel.clone()))
+        let (forwarder, progress_tx) = match progress {
+            ProgressSink::Client(peer, token) if action.stream => {
+                let f = crate::progress::Forwarder::start(peer, token, cancel.clone());
+                let tx = f.sender();
+                (Some(f), tx)
             }
-            _ => None,
+            ProgressSink::Task(tx) => (None, Some(tx)),
+            ProgressSink::Client(..) | ProgressSink::None => (None, None),
         };
-        let progress_tx = forwarder.as_ref().and_then(|f| f.sender()).or(task_progress);
         let mut reply = match (transfer, &self.transfers) {
             (Some(plan), Some(service)) => service.clone().run(plan, exec, cancel.clone(), progress_tx).await,
             _ => tool_reply(
@@ -451,12 +458,11 @@ impl SnowlumaServer {
         ctx: &RequestContext<RoleServer>,
         trace: &CallTrace,
     ) -> Result<Completion, McpError> {
-        let progress = ctx.meta.get_progress_token().map(|t| (ctx.peer.clone(), t));
         // Every gate the call would meet, before anyone is asked anything;
         // a call that fails one goes through exec_call, which refuses it
         // exactly as the original tool does (and audits a policy refusal).
         let Some((action, params, automatic_upload)) = self.gated(spec, &args) else {
-            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, progress).await));
+            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, ProgressSink::client(ctx)).await));
         };
         let digest = completion::args_digest(spec.name, &args);
         if let Some(sealed) = state {
@@ -503,7 +509,7 @@ impl SnowlumaServer {
                 return Ok(self.ask_modern(spec, action, digest, remaining, answered));
             }
             let merged = completion::merged_args(&args, &answered);
-            return Ok(Completion::Done(self.exec_call(spec, merged, trace, &ctx.ct, progress).await));
+            return Ok(Completion::Done(self.exec_call(spec, merged, trace, &ctx.ct, ProgressSink::client(ctx)).await));
         }
         let mut missing = completion::missing(action, &params);
         if automatic_upload {
@@ -511,7 +517,7 @@ impl SnowlumaServer {
             missing.retain(|m| !crate::transfers::MCP_OWNED_UPLOAD_FIELDS.contains(&m.as_str()));
         }
         if missing.is_empty() {
-            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, progress).await));
+            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, ProgressSink::client(ctx)).await));
         }
         if is_modern(ctx) {
             if !modern_form(ctx) {
@@ -524,7 +530,7 @@ impl SnowlumaServer {
         if !legacy_form {
             return Ok(Completion::Done(completion::no_form_support(spec.name, &missing)));
         }
-        Ok(Completion::Done(self.ask_legacy(spec, args, action, params, missing, ctx, trace, progress).await))
+        Ok(Completion::Done(self.ask_legacy(spec, args, action, params, missing, ctx, trace).await))
     }
 
     /// The gates up to the operator's policy, without side effects: the
@@ -580,7 +586,6 @@ impl SnowlumaServer {
         mut missing: Vec<String>,
         ctx: &RequestContext<RoleServer>,
         trace: &CallTrace,
-        progress: Option<(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken)>,
     ) -> ToolReply {
         let Some(slot) = self.continuations.reserve() else {
             return completion::too_many();
@@ -628,7 +633,7 @@ impl SnowlumaServer {
         }
         self.continuations.release(&slot);
         let merged = completion::merged_args(&args, &answered);
-        self.exec_call(spec, merged, trace, &ctx.ct, progress).await
+        self.exec_call(spec, merged, trace, &ctx.ct, ProgressSink::client(ctx)).await
     }
 
     /// A `refused` audit record for a continuation that executes nothing.
@@ -732,7 +737,8 @@ impl SnowlumaServer {
     /// Run a read-only action for the runtime overview, through the same
     /// gates as `query_action`.
     pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
-        self.exec_call(tools::QUERY_ACTION, json!({"action": action, "params": {}}), trace, cancel, None).await
+        self.exec_call(tools::QUERY_ACTION, json!({"action": action, "params": {}}), trace, cancel, ProgressSink::None)
+            .await
     }
 }
 
@@ -840,8 +846,7 @@ impl ServerHandler for SnowlumaServer {
             match spec.handler {
                 Handler::Doc => self.doc_call(spec.name, text_args, &ctx.ct).await,
                 Handler::Query | Handler::Invoke => {
-                    let progress = ctx.meta.get_progress_token().map(|t| (ctx.peer.clone(), t));
-                    self.exec_call(spec, text_args, &trace, &ctx.ct, progress).await
+                    self.exec_call(spec, text_args, &trace, &ctx.ct, ProgressSink::client(&ctx)).await
                 }
                 Handler::QueryWithInput | Handler::InvokeWithInput => {
                     let input = (request.input_responses, request.request_state);
