@@ -1,6 +1,6 @@
 //! The gates every execution passes, in order, as pure functions: each
 //! takes only what it checks and returns either what the next step needs
-//! or the refusal the client gets. `server.rs` strings them together
+//! or the refusal the client gets. `execution.rs` strings them together
 //! (`exec_call`); nothing here touches a worker, the audit log or the
 //! network, so each gate is unit-tested on its own.
 //!

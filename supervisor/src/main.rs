@@ -3,10 +3,12 @@
 
 mod audit;
 mod completion;
+mod completion_flow;
 mod config;
 mod doctor;
 mod endpoint;
 mod events;
+mod execution;
 mod gates;
 mod http;
 mod logsink;

@@ -1,10 +1,10 @@
-//! The MCP face of the supervisor: an rmcp `ServerHandler` that lists tools
-//! and resources per mode, applies the gates, and routes each call to the
-//! worker that may serve it.
+//! The MCP face of the supervisor: the server, its constructor and the rmcp
+//! `ServerHandler` that lists tools per mode and dispatches each request (the
+//! execution path is `execution.rs`, resources `resources.rs`).
 //!
-//! Gates live here, in the trusted process, and use the catalog compiled
-//! into this binary, never an answer from a worker: a compromised catalog
-//! worker must not be able to turn a write into a "read-only" action.
+//! The gates run in the trusted process and use the catalog compiled into
+//! this binary, never an answer from a worker: a compromised catalog worker
+//! must not be able to turn a write into a "read-only" action.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -18,22 +18,24 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use snowluma_catalog::{Catalog, FileTransfer};
-use snowluma_proto::{Diagnostics, ExecRequest, FailureKind, FileAction, JsonText, Request, ToolReply, TraceContext};
+use snowluma_catalog::Catalog;
+use snowluma_proto::{FailureKind, ToolReply};
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{ActionRecord, ActionRef, AuditLog};
+use crate::audit::AuditLog;
 use crate::completion::{self, StateError};
+use crate::completion_flow::{Completion, state_error};
 use crate::config::Config;
 use crate::events::{EventHub, EventsError};
+use crate::execution::ProgressSink;
 use crate::gates;
 use crate::policy::Policy;
-use crate::replies::{call_error_reply, is_modern, render, tool_reply};
+use crate::replies::{is_modern, render};
 use crate::resources::events_error;
 use crate::tools::{self, Handler, ToolSpec};
-use crate::trace::{CallTrace, hex};
+use crate::trace::CallTrace;
 use crate::transfers::TransferService;
-use crate::workers::{CallError, WorkerSlot};
+use crate::workers::WorkerSlot;
 
 /// Five minutes, the spec's lifetime for list and catalog results.
 pub(crate) const CACHE_TTL_MS: u64 = 5 * 60 * 1000;
@@ -67,48 +69,6 @@ pub struct SnowlumaServer {
     pub(crate) tasks: Option<Arc<crate::tasks::TaskService>>,
     /// This server, for transfers that outlive their request.
     pub(crate) me: std::sync::OnceLock<std::sync::Weak<SnowlumaServer>>,
-}
-
-/// What a `*_with_input` call answers: a result, or a request for input.
-enum Completion {
-    Done(ToolReply),
-    Ask(rmcp::model::InputRequiredResult),
-}
-
-/// Whether this (modern) request's own client capabilities declare form
-/// elicitation (`elicitation: {}` or with `form`): input requests are only
-/// ever put in a result for a capability the request declared.
-fn modern_form(ctx: &RequestContext<RoleServer>) -> bool {
-    ctx.meta
-        .get("io.modelcontextprotocol/clientCapabilities")
-        .and_then(|c| c.get("elicitation"))
-        .and_then(Value::as_object)
-        .is_some_and(|e| e.is_empty() || e.contains_key("form"))
-}
-
-/// A refused continuation, as the JSON-RPC error the protocol asks for.
-fn state_error(e: StateError) -> McpError {
-    McpError::invalid_params(e.to_string(), None)
-}
-
-/// Where a call's progress notifications go.
-pub(crate) enum ProgressSink {
-    /// Nowhere: the client sent no progress token, or nobody listens.
-    None,
-    /// To the client, as `notifications/progress` for its token.
-    Client(rmcp::service::Peer<RoleServer>, rmcp::model::ProgressToken),
-    /// To a background task's record (what `tasks/get` shows).
-    Task(tokio::sync::mpsc::UnboundedSender<snowluma_proto::Progress>),
-}
-
-impl ProgressSink {
-    /// The client's sink when this request carries a progress token.
-    pub(crate) fn client(ctx: &RequestContext<RoleServer>) -> ProgressSink {
-        match ctx.meta.get_progress_token() {
-            Some(token) => ProgressSink::Client(ctx.peer.clone(), token),
-            None => ProgressSink::None,
-        }
-    }
 }
 
 /// The services a server may have beside its workers.
@@ -148,124 +108,6 @@ impl SnowlumaServer {
         server
     }
 
-    /// `invoke_action_background`: the gates of `invoke_action`, stream
-    /// actions only, a place among the running transfers, the record written,
-    /// then the transfer in its own task.
-    async fn background(
-        &self,
-        spec: ToolSpec,
-        args: Value,
-        trace: &CallTrace,
-    ) -> Result<rmcp::model::CreateTaskResult, ToolReply> {
-        let Some(tasks) = &self.tasks else {
-            return Err(ToolReply::fail(
-                FailureKind::Execution,
-                "未配置持久任务（需 SNOWLUMA_MCP_TASK_DIR）。".to_owned(),
-            ));
-        };
-        // Every gate (mode, endpoint, catalog, params, policy) is checked
-        // again by exec_call; this one only decides whether a task fits.
-        let mut parsed = gates::arguments(args.clone());
-        let action = gates::catalog_action(self.catalog, &parsed.action)?;
-        gates::execution(&mut parsed, action)?;
-        if !action.stream {
-            return Err(ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::InvalidArguments,
-                    format!(
-                        "{} 不是 Stream Action（not a stream action）；后台任务只运行目录中的 Stream Action。",
-                        action.name
-                    ),
-                )
-                .with_next_step("Use invoke_action for ordinary actions."),
-            ));
-        }
-        // A call that a gate or the policy refuses gets that refusal at once
-        // (through exec_call, which also audits a policy refusal), not a task.
-        if self.gated(spec, &args).is_none() {
-            return Err(self.exec_call(spec, args, trace, &CancellationToken::new(), ProgressSink::None).await);
-        }
-        if action.transfer == Some(FileTransfer::Upload) && parsed.input_file().is_none() {
-            return Err(ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::InvalidArguments,
-                    "后台上传需要 execution.input_file（自动分块上传）；单个分块请用 invoke_action。".to_owned(),
-                )
-                .with_next_step("Pass execution.input_file with a file inside the upload root."),
-            ));
-        }
-        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
-            return Err(ToolReply::fail(FailureKind::Execution, "服务器正在关闭。".to_owned()));
-        };
-        let Some(running) = tasks.reserve() else {
-            return Err(ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::Execution,
-                    format!("已有 {} 个后台任务在运行（上限）；本次未启动任何任务。", crate::tasks::MAX_RUNNING),
-                )
-                .with_next_step("Wait for a running task to finish (poll tasks/get), then start this one."),
-            ));
-        };
-        let record = match tasks.create(&running.id, &action.name).await {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(ToolReply::error(
-                    Diagnostics::failed(FailureKind::Execution, format!("无法写入任务记录，未启动任何任务：{e}"))
-                        .with_next_step("Use invoke_action, or fix the task directory (SNOWLUMA_MCP_TASK_DIR)."),
-                ));
-            }
-        };
-        let handle = rmcp::model::Task::new(
-            record.task_id.clone(),
-            rmcp::model::TaskStatus::Working,
-            record.created_at.clone(),
-            record.last_updated_at.clone(),
-        );
-        let mut handle = handle;
-        handle.status_message = record.status_message.clone();
-        handle.ttl_ms = None;
-        handle.poll_interval_ms = Some(crate::tasks::POLL_INTERVAL_MS);
-        let trace = trace.clone();
-        let service = tasks.clone();
-        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel();
-        let watcher = tasks.clone();
-        let watched = running.id.clone();
-        tokio::spawn(async move {
-            while let Some(p) = progress_rx.recv().await {
-                watcher.note_progress(&watched, p);
-            }
-        });
-        tokio::spawn(async move {
-            let running = running;
-            let reply = me.exec_call(spec, args, &trace, &running.cancel, ProgressSink::Task(progress_tx)).await;
-            let cancelled = running.cancel.is_cancelled() && reply.diagnostics.kind == Some(FailureKind::Cancelled);
-            let mut record = record;
-            if cancelled {
-                record.status = snowluma_proto::task::TaskStatus::Cancelled;
-                record.status_message = Some(format!(
-                    "cancelled; {}",
-                    reply.diagnostics.message.clone().unwrap_or_else(|| "the transfer stopped".into())
-                ));
-            } else {
-                let failed_business = reply.diagnostics.outcome != snowluma_proto::Outcome::Success;
-                record.status = snowluma_proto::task::TaskStatus::Completed;
-                record.status_message = Some(if failed_business {
-                    "completed; the result reports a failure or an unknown outcome: see its diagnostics".into()
-                } else {
-                    "completed".into()
-                });
-                let rendered = render(reply, &trace);
-                record.result = serde_json::to_value(&rendered).ok();
-            }
-            if let Err(e) = service.finish(record).await {
-                tracing::error!(error = %e, "a finished background task could not be saved");
-            }
-            drop(running);
-            drop(me);
-        });
-        Ok(rmcp::model::CreateTaskResult::new(handle))
-    }
-
     /// `subscribe_events` / `unsubscribe_events`.
     async fn events_call(&self, hub: &EventHub, handler: Handler, args: Value) -> ToolReply {
         let result = match handler {
@@ -300,364 +142,6 @@ impl SnowlumaServer {
 
     pub fn audit_enabled(&self) -> bool {
         self.audit.is_some()
-    }
-
-    /// A documentation tool: its arguments go to the catalog worker as the
-    /// client's text (never parsed here).
-    async fn doc_call(&self, tool: &str, args: gates::Args, cancel: &CancellationToken) -> ToolReply {
-        let args = match args {
-            gates::Args::Raw(raw) => JsonText(raw.get().to_owned()),
-            gates::Args::Value(v) => JsonText::from_value(&v),
-        };
-        let req = Request::CatalogTool { tool: tool.to_owned(), args };
-        tool_reply("the catalog worker", self.workers.catalog.call(req, cancel, None).await, false)
-    }
-
-    /// `query_action` / `invoke_action`: the gates of `gates.rs` in order,
-    /// the audit records, then the request (or transfer). Progress goes to
-    /// `progress`: the client, a background task's record, or nowhere.
-    async fn exec_call(
-        &self,
-        spec: ToolSpec,
-        args: impl Into<gates::Args>,
-        trace: &CallTrace,
-        cancel: &CancellationToken,
-        progress: ProgressSink,
-    ) -> ToolReply {
-        match self.execute(spec, args.into(), trace, cancel, progress).await {
-            Ok(reply) | Err(reply) => reply,
-        }
-    }
-
-    async fn execute(
-        &self,
-        spec: ToolSpec,
-        args: gates::Args,
-        trace: &CallTrace,
-        cancel: &CancellationToken,
-        progress: ProgressSink,
-    ) -> Result<ToolReply, ToolReply> {
-        let tool = spec.name;
-        // The mode first (re-checked on every call), as Node.
-        if !spec.modes.contains(self.config.mode) {
-            return Err(gates::mode_refusal(spec.modes));
-        }
-        let mut args = gates::exec_arguments(args);
-        let network = gates::endpoint(self.workers.network.as_ref())?;
-        let action = gates::catalog_action(self.catalog, &args.action)?;
-        gates::read_only(spec.handler.read_only_tool(), action, &args.action)?;
-        gates::execution(&mut args, action)?;
-        let params = gates::params(args.params.take());
-        // File transfers: which one, and whether this server can do it.
-        let transfer = crate::transfers::plan(self.transfers.as_deref(), action, &params, args.input_file())?;
-        // What the audit records say about this action (only when auditing).
-        let audit = self.audit.as_ref().map(|log| {
-            let about = ActionRef {
-                op_id: hex(&crate::trace::random_bytes::<16>()),
-                tool: tool.to_owned(),
-                action: args.action.clone(),
-                canonical: action.name.clone(),
-                read_only: action.read_only,
-                mode: self.config.mode.as_str(),
-                traceparent: trace.traceparent.clone(),
-            };
-            (log, about)
-        });
-        // The operator's action policy. Refusals are audited too.
-        if let Err(refusal) = gates::policy(&self.policy, action) {
-            if let Some((log, about)) = &audit {
-                let rec = ActionRecord::Refused { action: about.clone(), reason: "policy_denied" };
-                if let Err(e) = log.record(rec).await {
-                    tracing::error!(error = %e, "cannot write an audit record for a refused action");
-                }
-            }
-            return Err(refusal);
-        }
-        // Nothing leaves without its intent record once auditing is on.
-        if let Some((log, about)) = &audit {
-            let rec =
-                ActionRecord::Intent { action: about.clone(), params_digest: log.params_digest(&params.to_value()) };
-            if let Err(e) = log.record(rec).await {
-                tracing::error!(error = %e, "audit intent not written; action refused");
-                return Err(ToolReply::error(
-                    Diagnostics::failed(FailureKind::AuditFailed, format!("无法写入审计日志，action 未执行：{e}"))
-                        .with_next_step(
-                            "The operator must repair SNOWLUMA_MCP_AUDIT_LOG (see `snowluma-mcp audit verify`).",
-                        ),
-                ));
-            }
-        }
-        let started = Instant::now();
-        let exec = ExecRequest {
-            action: args.action.clone(),
-            params: params.json_text(),
-            stream: action.stream,
-            write: !action.read_only,
-            trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
-            transfer: None,
-            progress: !matches!(progress, ProgressSink::None) && action.stream,
-            file_action: action.transfer.map(|t| match t {
-                FileTransfer::Upload => FileAction::Upload,
-                FileTransfer::Download => FileAction::Download,
-            }),
-        };
-        let (forwarder, progress_tx) = match progress {
-            ProgressSink::Client(peer, token) if action.stream => {
-                let f = crate::progress::Forwarder::start(peer, token, cancel.clone());
-                let tx = f.sender();
-                (Some(f), tx)
-            }
-            ProgressSink::Task(tx) => (None, Some(tx)),
-            ProgressSink::Client(..) | ProgressSink::None => (None, None),
-        };
-        let mut reply = match (transfer, &self.transfers) {
-            (Some(plan), Some(service)) => service.clone().run(plan, exec, cancel.clone(), progress_tx).await,
-            _ => tool_reply(
-                "the network executor",
-                network.call(Request::Execute(exec), cancel, progress_tx).await,
-                !action.read_only,
-            ),
-        };
-        if let Some(f) = forwarder {
-            let success = !reply.is_error && !cancel.is_cancelled();
-            if !f.finish(success).await && !reply.is_error {
-                tracing::warn!(tool, "progress notifications could not be delivered");
-                let note = "some progress notifications could not be delivered";
-                reply.diagnostics.message = Some(match reply.diagnostics.message.take() {
-                    Some(m) => format!("{m}; {note}"),
-                    None => note.to_owned(),
-                });
-            }
-        }
-        if let Some((log, about)) = audit {
-            let retcode =
-                reply.result.as_ref().and_then(|t| t.parse().ok()).and_then(|v: Value| v.get("retcode").cloned());
-            let rec = ActionRecord::Result {
-                action: about,
-                outcome: reply.diagnostics.outcome.as_str(),
-                kind: reply.diagnostics.kind.map(|k| k.as_str()),
-                is_error: reply.is_error,
-                retcode: retcode.unwrap_or(Value::Null),
-                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-            };
-            if let Err(e) = log.record(rec).await {
-                // The action already ran; its intent is on record. Say so loudly.
-                tracing::error!(error = %e, "audit result record not written (the intent record stands)");
-            }
-        }
-        Ok(reply)
-    }
-
-    /// `*_with_input`: ask for missing required params (see `completion.rs`),
-    /// then run the call through [`Self::exec_call`] like the original tool.
-    async fn with_input(
-        &self,
-        spec: ToolSpec,
-        args: Value,
-        (responses, state): (Option<rmcp::model::InputResponses>, Option<String>),
-        ctx: &RequestContext<RoleServer>,
-        trace: &CallTrace,
-    ) -> Result<Completion, McpError> {
-        // Every gate the call would meet, before anyone is asked anything;
-        // a call that fails one goes through exec_call, which refuses it
-        // exactly as the original tool does (and audits a policy refusal).
-        let Some((action, params, automatic_upload)) = self.gated(spec, &args) else {
-            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, ProgressSink::client(ctx)).await));
-        };
-        let digest = completion::args_digest(spec.name, &args);
-        if let Some(sealed) = state {
-            let response = responses.as_ref().and_then(|r| r.get(completion::INPUT_KEY));
-            let Some(response) = response else {
-                // A retry without the answer: ask again with the same state.
-                let st = self.continuations.check(&sealed, spec.name, &digest).map_err(state_error)?;
-                return Ok(Completion::Ask(completion::input_required(action, &st.missing, sealed)));
-            };
-            let st = match self.continuations.redeem(&sealed, spec.name, &digest) {
-                Ok(st) => st,
-                Err(e) => {
-                    let reason = match e {
-                        StateError::Tampered => "input_tampered",
-                        StateError::Expired => "input_expired",
-                        StateError::Reused => "input_reused",
-                        StateError::Foreign => "input_foreign",
-                    };
-                    self.audit_refusal(spec, &args, action, trace, reason).await;
-                    return Err(state_error(e));
-                }
-            };
-            let taken = response.get("action").and_then(Value::as_str).unwrap_or("cancel");
-            let mut provided = params.clone();
-            if let Some(p) = provided.as_object_mut() {
-                p.extend(st.answered.clone());
-            }
-            let answer = match completion::check_answer(action, &provided, &st.missing, taken, response.get("content"))
-            {
-                Ok(a) => a,
-                Err((reply, reason)) => {
-                    self.audit_refusal(spec, &args, action, trace, reason).await;
-                    return Ok(Completion::Done(reply));
-                }
-            };
-            let mut answered = st.answered;
-            answered.extend(answer);
-            let remaining: Vec<String> = st.missing.into_iter().filter(|m| !answered.contains_key(m)).collect();
-            if !remaining.is_empty() {
-                // Asked again only if this request, too, declares form elicitation.
-                if !modern_form(ctx) {
-                    return Ok(Completion::Done(completion::no_form_support(spec.name, &remaining)));
-                }
-                return Ok(self.ask_modern(spec, action, digest, remaining, answered));
-            }
-            let merged = completion::merged_args(&args, &answered);
-            return Ok(Completion::Done(self.exec_call(spec, merged, trace, &ctx.ct, ProgressSink::client(ctx)).await));
-        }
-        let mut missing = completion::missing(action, &params);
-        if automatic_upload {
-            // The server sets these itself for an automatic upload.
-            missing.retain(|m| !crate::transfers::MCP_OWNED_UPLOAD_FIELDS.contains(&m.as_str()));
-        }
-        if missing.is_empty() {
-            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, ProgressSink::client(ctx)).await));
-        }
-        if is_modern(ctx) {
-            if !modern_form(ctx) {
-                return Ok(Completion::Done(completion::no_form_support(spec.name, &missing)));
-            }
-            return Ok(self.ask_modern(spec, action, digest, missing, serde_json::Map::new()));
-        }
-        let legacy_form = ctx.peer.peer_info().is_some_and(|i| i.protocol_version != ProtocolVersion::V_2025_03_26)
-            && ctx.peer.supported_elicitation_modes().contains(&rmcp::service::ElicitationMode::Form);
-        if !legacy_form {
-            return Ok(Completion::Done(completion::no_form_support(spec.name, &missing)));
-        }
-        Ok(Completion::Done(self.ask_legacy(spec, args, action, params, missing, ctx, trace).await))
-    }
-
-    /// The gates up to the operator's policy, without side effects: the
-    /// action and its params when the call would pass them all.
-    /// The third value: the call is an automatic upload (`execution.input_file`).
-    fn gated(&self, spec: ToolSpec, args: &Value) -> Option<(&'static snowluma_catalog::Action, Value, bool)> {
-        if !spec.modes.contains(self.config.mode) {
-            return None;
-        }
-        let mut parsed = gates::arguments(args.clone());
-        gates::endpoint(self.workers.network.as_ref()).ok()?;
-        let action = gates::catalog_action(self.catalog, &parsed.action).ok()?;
-        gates::read_only(spec.handler.read_only_tool(), action, &parsed.action).ok()?;
-        gates::execution(&mut parsed, action).ok()?;
-        let automatic_upload = parsed.input_file().is_some();
-        let params = gates::params(parsed.params).to_value();
-        gates::policy(&self.policy, action).ok()?;
-        Some((action, params, automatic_upload))
-    }
-
-    /// A modern `input_required` result for `missing`, or the refusal when
-    /// too many are outstanding.
-    fn ask_modern(
-        &self,
-        spec: ToolSpec,
-        action: &snowluma_catalog::Action,
-        digest: String,
-        missing: Vec<String>,
-        answered: serde_json::Map<String, Value>,
-    ) -> Completion {
-        let Some(id) = self.continuations.reserve() else {
-            return Completion::Done(completion::too_many());
-        };
-        let state = completion::State { id: id.clone(), tool: spec.name.to_owned(), digest, missing, answered };
-        match self.continuations.seal(&state) {
-            Ok(sealed) => Completion::Ask(completion::input_required(action, &state.missing, sealed)),
-            Err(e) => {
-                self.continuations.release(&id);
-                Completion::Done(ToolReply::fail(FailureKind::Execution, format!("cannot seal the continuation: {e}")))
-            }
-        }
-    }
-
-    /// A legacy client: `elicitation/create` inside this call, until every
-    /// missing field is answered (each answer checked), then the call.
-    #[allow(clippy::too_many_arguments)]
-    async fn ask_legacy(
-        &self,
-        spec: ToolSpec,
-        args: Value,
-        action: &'static snowluma_catalog::Action,
-        params: Value,
-        mut missing: Vec<String>,
-        ctx: &RequestContext<RoleServer>,
-        trace: &CallTrace,
-    ) -> ToolReply {
-        let Some(slot) = self.continuations.reserve() else {
-            return completion::too_many();
-        };
-        let mut answered = serde_json::Map::new();
-        while !missing.is_empty() {
-            let ask = ctx.peer.create_elicitation(completion::form(action, &missing));
-            let result = tokio::select! {
-                r = ask => r,
-                _ = ctx.ct.cancelled() => {
-                    self.continuations.release(&slot);
-                    return call_error_reply(CallError::Cancelled, false);
-                }
-            };
-            let (taken, content) = match result {
-                Ok(r) => {
-                    let taken = match r.action {
-                        rmcp::model::ElicitationAction::Accept => "accept",
-                        rmcp::model::ElicitationAction::Decline => "decline",
-                        _ => "cancel",
-                    };
-                    (taken, r.content)
-                }
-                Err(e) => {
-                    self.continuations.release(&slot);
-                    return ToolReply::error(
-                        Diagnostics::failed(FailureKind::Cancelled, format!("输入请求失败：{e}；未执行任何操作。"))
-                            .with_next_step("Call the original tool with complete params."),
-                    );
-                }
-            };
-            let mut provided = params.clone();
-            if let Some(p) = provided.as_object_mut() {
-                p.extend(answered.clone());
-            }
-            match completion::check_answer(action, &provided, &missing, taken, content.as_ref()) {
-                Ok(a) => answered.extend(a),
-                Err((reply, reason)) => {
-                    self.continuations.release(&slot);
-                    self.audit_refusal(spec, &args, action, trace, reason).await;
-                    return reply;
-                }
-            }
-            missing.retain(|m| !answered.contains_key(m));
-        }
-        self.continuations.release(&slot);
-        let merged = completion::merged_args(&args, &answered);
-        self.exec_call(spec, merged, trace, &ctx.ct, ProgressSink::client(ctx)).await
-    }
-
-    /// A `refused` audit record for a continuation that executes nothing.
-    async fn audit_refusal(
-        &self,
-        spec: ToolSpec,
-        args: &Value,
-        action: &snowluma_catalog::Action,
-        trace: &CallTrace,
-        reason: &'static str,
-    ) {
-        let Some(log) = &self.audit else { return };
-        let about = ActionRef {
-            op_id: hex(&crate::trace::random_bytes::<16>()),
-            tool: spec.name.to_owned(),
-            action: args.get("action").and_then(Value::as_str).unwrap_or_default().to_owned(),
-            canonical: action.name.clone(),
-            read_only: action.read_only,
-            mode: self.config.mode.as_str(),
-            traceparent: trace.traceparent.clone(),
-        };
-        if let Err(e) = log.record(ActionRecord::Refused { action: about, reason }).await {
-            tracing::error!(error = %e, "cannot write an audit record for a refused continuation");
-        }
     }
 
     async fn list_tasks(&self, args: Value) -> ToolReply {
@@ -827,13 +311,7 @@ impl ServerHandler for SnowlumaServer {
         if spec.handler == Handler::Background && spec.modes.contains(self.config.mode) {
             let reply = match self.background(spec, args, &trace).await {
                 Ok(task) => {
-                    tracing::info!(
-                        tool = spec.name,
-                        traceparent = %trace.traceparent,
-                        outcome = "task",
-                        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-                        "tool call"
-                    );
+                    log_answered(spec, &trace, "task", started);
                     return Ok(CallToolResponse::Task(task));
                 }
                 Err(reply) => reply,
@@ -853,13 +331,7 @@ impl ServerHandler for SnowlumaServer {
                     match self.with_input(spec, args, input, &ctx, &trace).await? {
                         Completion::Done(reply) => reply,
                         Completion::Ask(result) => {
-                            tracing::info!(
-                                tool = spec.name,
-                                traceparent = %trace.traceparent,
-                                outcome = "input_required",
-                                duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-                                "tool call"
-                            );
+                            log_answered(spec, &trace, "input_required", started);
                             return Ok(result.into());
                         }
                     }
@@ -879,18 +351,7 @@ impl ServerHandler for SnowlumaServer {
                 Handler::Preview => self.preview(&args),
             }
         };
-        // One diagnostic line per call: never arguments, contents, tokens or paths.
-        if let Some(d) = trace.diagnostic() {
-            tracing::info!(tool = spec.name, traceparent = %trace.traceparent, "{d}");
-        }
-        tracing::info!(
-            tool = spec.name,
-            traceparent = %trace.traceparent,
-            outcome = reply.diagnostics.outcome.as_str(),
-            failure = reply.diagnostics.kind.map(|k| k.as_str()).unwrap_or("none"),
-            duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "tool call"
-        );
+        log_call(spec, &trace, &reply, started);
         Ok(render(reply, &trace).into())
     }
 
@@ -1009,4 +470,31 @@ impl ServerHandler for SnowlumaServer {
         };
         hub.release(&request.uri).map_err(|e| events_error(e, &request.uri))
     }
+}
+
+/// The log line of a call answered by a task or an input request.
+fn log_answered(spec: ToolSpec, trace: &CallTrace, outcome: &'static str, started: Instant) {
+    tracing::info!(
+        tool = spec.name,
+        traceparent = %trace.traceparent,
+        outcome,
+        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "tool call"
+    );
+}
+
+/// The log lines of a finished call: never arguments, contents, tokens or paths.
+fn log_call(spec: ToolSpec, trace: &CallTrace, reply: &ToolReply, started: Instant) {
+    // One diagnostic line per call.
+    if let Some(d) = trace.diagnostic() {
+        tracing::info!(tool = spec.name, traceparent = %trace.traceparent, "{d}");
+    }
+    tracing::info!(
+        tool = spec.name,
+        traceparent = %trace.traceparent,
+        outcome = reply.diagnostics.outcome.as_str(),
+        failure = reply.diagnostics.kind.map(|k| k.as_str()).unwrap_or("none"),
+        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "tool call"
+    );
 }
