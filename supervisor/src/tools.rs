@@ -347,7 +347,7 @@ fn output_schema(result: Value) -> Arc<JsonObject> {
 }
 
 /// The input of `query_action` and `invoke_action` (parsed by
-/// `server::ExecArgs`; `params` is checked against the action's own schema
+/// `gates::ExecArgs`; `params` is checked against the action's own schema
 /// by SnowLuma, not here).
 fn exec_input() -> Value {
     json!({
