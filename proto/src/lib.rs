@@ -14,6 +14,7 @@ pub mod fdpass;
 pub mod frame;
 pub mod msg;
 pub mod outcome;
+pub mod session;
 pub mod sockio;
 pub mod task;
 pub mod text;

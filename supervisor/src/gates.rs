@@ -15,9 +15,9 @@ use serde_json::{Value, json};
 use snowluma_catalog::{Action, Catalog};
 use snowluma_proto::{Diagnostics, FailureKind, JsonText, ToolReply};
 
-use crate::config::Mode;
 use crate::policy::Policy;
 use crate::tools::Modes;
+use snowluma_config::Mode;
 
 /// The arguments of `query_action` / `invoke_action`, read as Node reads
 /// them: a non-string `action` is `""` (an unknown action), unknown

@@ -21,8 +21,8 @@ use sha2::{Digest, Sha256};
 use snowluma_catalog::Catalog;
 use snowluma_proto::{FailureKind, ToolReply};
 
-use crate::config::Mode;
 use crate::policy::Policy;
+use snowluma_config::Mode;
 
 /// The MCP Apps extension's identifier.
 pub const UI_EXTENSION: &str = "io.modelcontextprotocol/ui";

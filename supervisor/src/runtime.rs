@@ -8,9 +8,9 @@ use serde_json::{Value, json};
 use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Mode;
 use crate::server::SnowlumaServer;
 use crate::trace::CallTrace;
+use snowluma_config::Mode;
 
 /// What is enforced, recorded once at startup (see [`record_confinement`]).
 static CONFINEMENT: OnceLock<Value> = OnceLock::new();

@@ -25,7 +25,6 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::AuditLog;
 use crate::completion::{self, StateError};
 use crate::completion_flow::{Completion, state_error};
-use crate::config::Config;
 use crate::events::{EventHub, EventsError};
 use crate::execution::ProgressSink;
 use crate::gates;
@@ -36,6 +35,7 @@ use crate::tools::{self, Handler, ToolSpec};
 use crate::trace::CallTrace;
 use crate::transfers::TransferService;
 use crate::workers::WorkerSlot;
+use snowluma_config::Config;
 
 /// Five minutes, the spec's lifetime for list and catalog results.
 pub(crate) const CACHE_TTL_MS: u64 = 5 * 60 * 1000;

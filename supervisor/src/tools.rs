@@ -15,7 +15,7 @@ use snowluma_catalog::args::ToolArgs;
 use snowluma_catalog::tools::{self as doc_tools, DocTool};
 use snowluma_proto::Diagnostics;
 
-use crate::config::Mode;
+use snowluma_config::Mode;
 
 /// Who answers a tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -82,8 +82,8 @@ pub enum ChannelDir {
 }
 
 pub struct SpawnSpec {
-    /// Workers are started by the spawner (see `spawner.rs`).
-    pub spawner: Arc<crate::spawner::SpawnerClient>,
+    /// Workers are started by the spawner (see the `snowluma-spawner` crate).
+    pub spawner: Arc<snowluma_spawner::SpawnerClient>,
     pub log_filter: String,
     /// Per-role confinement grants, appended to the worker's argv
     /// (`ports=…`, `unconfined-ok`; see `snowluma_sandbox::Grants`).
@@ -229,10 +229,10 @@ fn holds_secret(config: &WorkerConfig) -> bool {
 fn wipe_secret(config: &mut WorkerConfig) {
     if let WorkerConfig::Network(n) = config {
         if let Some(mut t) = n.token.take() {
-            crate::secret::wipe(&mut t);
+            snowluma_config::secret::wipe(&mut t);
         }
         if let Some(mut t) = n.events.as_mut().and_then(|e| e.token.take()) {
-            crate::secret::wipe(&mut t);
+            snowluma_config::secret::wipe(&mut t);
         }
     }
 }

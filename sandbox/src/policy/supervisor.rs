@@ -54,7 +54,7 @@ pub const SUPERVISOR: &[Allow] = &[
     // socket, FIONREAD on a pipe): the transport lets a progress
     // notification be read before the reply that follows it.
     only("ioctl", libc::SYS_ioctl, &[&[Cmp::Eq(1, libc::TIOCOUTQ)], &[Cmp::Eq(1, libc::FIONREAD)]]),
-    // Reaping the spawner, its only child, when it dies (spawner.rs).
+    // Reaping the spawner, its only child, when it dies (spawner/src/lib.rs).
     any("wait4", libc::SYS_wait4),
     any("uname", libc::SYS_uname),
     only("prctl", libc::SYS_prctl, &[&[Cmp::Eq(0, libc::PR_SET_NAME as u64)]]),

@@ -38,6 +38,7 @@
 //! (only a later copy of the head kept elsewhere shows these two).
 
 mod append;
+pub mod cli;
 mod head;
 mod key;
 mod reanchor;

@@ -55,7 +55,7 @@ pub struct LineTransport {
     audit: bool,
     /// Behind serve-http's front: a server request made within a client's
     /// request is preceded by the marker naming that request
-    /// ([`crate::http::RELATED_METHOD`]).
+    /// ([`snowluma_proto::session::RELATED_METHOD`]).
     relayed: bool,
 }
 
@@ -165,7 +165,7 @@ fn related_marker(item: &TxJsonRpcMessage<RoleServer>) -> Option<Vec<u8>> {
     use rmcp::model::GetExtensions;
     let JsonRpcMessage::Request(r) = item else { return None };
     let origin = r.request.extensions().get::<rmcp::service::OriginatingRequestId>()?;
-    let marker = serde_json::json!({"jsonrpc": "2.0", "method": crate::http::RELATED_METHOD,
+    let marker = serde_json::json!({"jsonrpc": "2.0", "method": snowluma_proto::session::RELATED_METHOD,
         "params": {"id": r.id, "relatedRequestId": origin.0}});
     serde_json::to_vec(&marker).ok()
 }

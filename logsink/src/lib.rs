@@ -233,13 +233,47 @@ impl std::io::Write for Stderr {
     }
 }
 
+/// Marks a log filter whose process may log payloads (`;` cannot occur in
+/// a valid filter).
+pub const LOG_PAYLOADS_PREFIX: &str = "payloads;";
+
+/// Diagnostics on stderr, for every process role. `filter` is
+/// SNOWLUMA_MCP_LOG (validated at startup), optionally prefixed with
+/// [`LOG_PAYLOADS_PREFIX`] on a worker's command line. Without payload
+/// logging, every target but our own is capped at INFO whatever the filter
+/// says: rmcp's and the HTTP stack's debug and trace lines carry message
+/// texts, file paths and whatever SnowLuma answered (a reflected token
+/// included).
+///
+/// Lines go through this module's sink, which never waits for a reader (an
+/// unread stderr pipe once stopped the server). Call it while the process
+/// is single-threaded and unconfined; `may_poll`: the process's seccomp
+/// filter allows `poll` (see [`prepare`]).
+pub fn init_tracing(filter: &str, may_poll: bool) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let (payloads, filter) = match filter.strip_prefix(LOG_PAYLOADS_PREFIX) {
+        Some(rest) => (true, rest),
+        None => (false, filter),
+    };
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let cap = tracing_subscriber::filter::filter_fn(move |m| {
+        payloads || m.target().starts_with("snowluma") || *m.level() <= tracing::Level::INFO
+    });
+    prepare(may_poll);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(Stderr).with_ansi(false).with_target(false);
+    let _ = tracing_subscriber::registry().with(filter).with(fmt.with_filter(cap)).try_init();
+}
+
 /// `eprintln!` for processes whose stderr may be non-blocking: the line is
 /// written like a diagnostic (never waited for; std's `eprintln!` would
 /// panic on a full non-blocking stderr).
 #[macro_export]
 macro_rules! eprintln_nb {
     ($($arg:tt)*) => {
-        $crate::logsink::write_line(format!("{}\n", format_args!($($arg)*)).as_bytes())
+        $crate::write_line(format!("{}\n", format_args!($($arg)*)).as_bytes())
     };
 }
 

@@ -18,7 +18,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::control::{Channel, FrontSetup, ToFront, ToLauncher};
 use super::options::{self, Listen};
-use crate::config::{Cli, Config, ServeHttpArgs};
+use snowluma_config::{Cli, Config, ServeHttpArgs};
 
 /// How long a session may take to end after its socket closed before its
 /// process group is killed, when its token was revoked or serve-http stops.
@@ -33,7 +33,7 @@ const ENDED_LIMIT: Duration = Duration::from_secs(3600);
 pub const MAX_BODY: usize = 8 * 1024 * 1024;
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    crate::eprintln_nb!("snowluma-mcp: serve-http: {msg}");
+    snowluma_logsink::eprintln_nb!("snowluma-mcp: serve-http: {msg}");
     ExitCode::from(2)
 }
 
@@ -58,12 +58,12 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
     let config = match Config::resolve(cli) {
         Ok(c) => c,
         Err(e) => {
-            crate::eprintln_nb!("snowluma-mcp: configuration error: {e}");
+            snowluma_logsink::eprintln_nb!("snowluma-mcp: configuration error: {e}");
             return ExitCode::from(2);
         }
     };
     let filter = config.worker_log_filter();
-    crate::init_tracing(&filter, true);
+    snowluma_logsink::init_tracing(&filter, true);
     let listen = match options::parse_listen(&opts.listen) {
         Ok(l) => l,
         Err(e) => return fail(e),

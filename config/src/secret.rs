@@ -19,7 +19,7 @@ use std::path::Path;
 
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::config::ConfigError;
+use crate::ConfigError;
 
 pub const TOKEN_VAR: &str = "SNOWLUMA_MCP_TOKEN";
 /// The event WebSocket's own token (optional; without it the event

@@ -2,6 +2,9 @@
 //! at startup. Every problem is one line naming the variable (and flag) and
 //! the offending value; the token's value is never printed.
 
+pub mod endpoint;
+pub mod secret;
+
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -213,12 +216,14 @@ pub enum AuditCommand {
 #[derive(Clone)]
 pub struct Config {
     pub mode: Mode,
-    pub endpoint: Option<String>,
+    /// SNOWLUMA_MCP_ENDPOINT, parsed once (every later use reads this).
+    pub endpoint: Option<Endpoint>,
     pub timeout_ms: u64,
     pub stream_dir: Option<PathBuf>,
     pub upload_root: Option<PathBuf>,
     pub max_stream_bytes: u64,
-    pub events_url: Option<String>,
+    /// SNOWLUMA_MCP_EVENTS_URL, parsed once.
+    pub events_url: Option<Endpoint>,
     pub task_dir: Option<PathBuf>,
     pub audit_log: Option<PathBuf>,
     /// SNOWLUMA_MCP_AUDIT_KEY: the audit key's file; `None` is `<log>.key`.
@@ -314,14 +319,14 @@ impl Config {
     /// (`secret::read_token`).
     pub fn resolve(cli: &Cli) -> Result<Config, ConfigError> {
         let mut warnings = Vec::new();
-        let endpoint = nonempty(&cli.endpoint);
-        if let Some(e) = &endpoint {
+        let endpoint = match nonempty(&cli.endpoint) {
             // Shown without credentials, query or fragment (an access_token
             // may be there).
-            http_endpoint(e).map_err(|p| {
-                bad("SNOWLUMA_MCP_ENDPOINT", "--endpoint", format!("{p}; got {}", crate::endpoint::shown_raw(e)))
-            })?;
-        }
+            Some(e) => Some(http_endpoint(&e).map_err(|p| {
+                bad("SNOWLUMA_MCP_ENDPOINT", "--endpoint", format!("{p}; got {}", crate::endpoint::shown_raw(&e)))
+            })?),
+            None => None,
+        };
         let explicit = match nonempty(&cli.mode) {
             None => None,
             Some(m) => Some(match m.to_ascii_lowercase().as_str() {
@@ -380,12 +385,12 @@ impl Config {
                 "SNOWLUMA_MCP_AUDIT_KEY is set but SNOWLUMA_MCP_AUDIT_LOG is not: no audit log is written".into(),
             );
         }
-        let events_url = nonempty(&cli.events_url);
-        if let Some(u) = &events_url {
-            events_endpoint(u).map_err(|p| {
-                bad("SNOWLUMA_MCP_EVENTS_URL", "--events-url", format!("{p}; got {}", crate::endpoint::shown_raw(u)))
-            })?;
-        }
+        let events_url = match nonempty(&cli.events_url) {
+            Some(u) => Some(events_endpoint(&u).map_err(|p| {
+                bad("SNOWLUMA_MCP_EVENTS_URL", "--events-url", format!("{p}; got {}", crate::endpoint::shown_raw(&u)))
+            })?),
+            None => None,
+        };
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&cli.log) {
             return Err(bad("SNOWLUMA_MCP_LOG", "--log", format!("is not a valid filter ({e}); got {:?}", cli.log)));
         }
@@ -431,19 +436,14 @@ impl Config {
     /// The TCP ports the network executor (and so the spawner) may connect
     /// to: the endpoint's and, when events are configured, the events URL's.
     pub fn network_ports(&self) -> Vec<u16> {
-        // Validated at startup; the events port only when events are configured.
-        let http = self.endpoint.as_deref().and_then(|e| http_endpoint(e).ok());
-        let events = self.events_url.as_deref().and_then(|e| events_endpoint(e).ok());
-        let mut ports: Vec<u16> = [http, events].into_iter().flatten().map(|e| e.port).collect();
+        let mut ports: Vec<u16> = [&self.endpoint, &self.events_url].into_iter().flatten().map(|e| e.port).collect();
         ports.sort_unstable();
         ports.dedup();
         ports
     }
 }
 
-/// Marks a log filter whose process may log payloads (`;` cannot occur in
-/// a valid filter).
-pub const LOG_PAYLOADS_PREFIX: &str = "payloads;";
+pub use snowluma_logsink::LOG_PAYLOADS_PREFIX;
 
 #[cfg(test)]
 mod tests {

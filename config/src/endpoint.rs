@@ -40,6 +40,9 @@ pub struct Endpoint {
     pub path: String,
     /// Whether a query or fragment followed the path (never shown).
     pub has_query: bool,
+    /// The address exactly as configured (it may hold a query with a
+    /// token: never shown, never logged).
+    pub raw: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,6 +105,7 @@ impl Endpoint {
             port,
             path: tail[..path_end].to_owned(),
             has_query: path_end < tail.len(),
+            raw: raw.to_owned(),
         })
     }
 

@@ -79,7 +79,7 @@ pub fn main(allow_unconfined: bool) -> ExitCode {
     // Name, descriptors, capabilities, no new privileges: before anything
     // else runs in this process.
     if let Err(e) = snowluma_sandbox::prepare_http_front() {
-        crate::eprintln_nb!("snowluma-mcp: the HTTP front cannot prepare its confinement: {e}");
+        snowluma_logsink::eprintln_nb!("snowluma-mcp: the HTTP front cannot prepare its confinement: {e}");
         return ExitCode::from(2);
     }
     // SAFETY: the launcher placed the control socket on fd 4 and the
@@ -90,7 +90,7 @@ pub fn main(allow_unconfined: bool) -> ExitCode {
     let setup = match super::control::recv_blocking::<ToFront>(&control) {
         Ok((ToFront::Setup(s), _)) => *s,
         Ok(_) | Err(_) => {
-            crate::eprintln_nb!("snowluma-mcp: the HTTP front received no setup");
+            snowluma_logsink::eprintln_nb!("snowluma-mcp: the HTTP front received no setup");
             return ExitCode::from(2);
         }
     };
@@ -99,7 +99,7 @@ pub fn main(allow_unconfined: bool) -> ExitCode {
         Some((cert, key)) => match tls_acceptor(cert, key) {
             Ok(a) => Some(a),
             Err(e) => {
-                crate::eprintln_nb!("snowluma-mcp: the HTTP front: TLS: {e}");
+                snowluma_logsink::eprintln_nb!("snowluma-mcp: the HTTP front: TLS: {e}");
                 return ExitCode::from(2);
             }
         },
@@ -107,7 +107,7 @@ pub fn main(allow_unconfined: bool) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            crate::eprintln_nb!("snowluma-mcp: the HTTP front cannot start its runtime: {e}");
+            snowluma_logsink::eprintln_nb!("snowluma-mcp: the HTTP front cannot start its runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -116,7 +116,7 @@ pub fn main(allow_unconfined: bool) -> ExitCode {
     match snowluma_sandbox::confine_http_front(allow_unconfined) {
         Ok(report) => tracing::debug!(seccomp = report.seccomp, "the HTTP front is confined"),
         Err(e) => {
-            crate::eprintln_nb!("snowluma-mcp: the HTTP front cannot confine itself: {e}");
+            snowluma_logsink::eprintln_nb!("snowluma-mcp: the HTTP front cannot confine itself: {e}");
             return ExitCode::from(2);
         }
     }

@@ -162,8 +162,8 @@ fn confine(grants: &SpawnerGrants<'_>) -> Result<(), String> {
 fn child_main(sock: OwnedFd, grants: &SpawnerGrants<'_>) -> Result<(), SpawnerError> {
     // Forked before the tokens were read: their only copies here are in the
     // environment block inherited from the supervisor.
-    crate::secret::scrub_env(crate::secret::TOKEN_VAR);
-    crate::secret::scrub_env(crate::secret::EVENTS_TOKEN_VAR);
+    snowluma_config::secret::scrub_env(snowluma_config::secret::TOKEN_VAR);
+    snowluma_config::secret::scrub_env(snowluma_config::secret::EVENTS_TOKEN_VAR);
     let _ = nix::sys::prctl::set_name(c"snowluma-spawner");
     // The client's stdin and stdout are the supervisor's alone.
     let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;

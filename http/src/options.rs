@@ -109,7 +109,7 @@ pub fn parse_tokens(text: &str) -> Result<Vec<TokenDigest>, String> {
 pub fn load_tokens(path: &Path) -> Result<Vec<TokenDigest>, String> {
     let mut text = read_private(path, "--http-token-file")?;
     let parsed = parse_tokens(&text).map_err(|e| format!("--http-token-file {}: {e}", path.display()));
-    crate::secret::wipe(&mut text);
+    snowluma_config::secret::wipe(&mut text);
     parsed
 }
 

@@ -1,0 +1,29 @@
+//! `snowluma-mcp serve-http`: MCP over Streamable HTTP, in three kinds of
+//! process (see ARCHITECTURE.md "Remote access"). This crate holds the
+//! first two; it depends on neither the server, the audit log nor the
+//! catalog, so the front cannot link them.
+//!
+//! * the **launcher** (`launcher.rs`, the process the operator starts): it
+//!   validates the configuration, reads the access token file and the TLS
+//!   files, binds the listener, starts the front, and then only starts,
+//!   reaps and kills session trees on the front's request. It never parses
+//!   HTTP.
+//! * the **HTTP front** (`front.rs`, `relay.rs`): this binary re-executed
+//!   with an empty environment and [`FRONT_ARG`], confined (no files, no
+//!   new connections, no exec). It accepts connections, terminates TLS,
+//!   checks the token, `Host`, `Origin` and limits, and relays JSON-RPC
+//!   between HTTP and each session's stdio socket.
+//! * one **session tree** per legacy MCP session or modern connection: the
+//!   ordinary stdio server (supervisor, spawner, workers) with a socket as
+//!   stdin and stdout, exactly like a systemd `Accept=yes` connection.
+
+pub mod control;
+mod door;
+pub mod front;
+pub mod launcher;
+mod message;
+pub mod options;
+mod relay;
+mod stall;
+
+pub use snowluma_proto::session::{FRONT_ARG, PRINCIPAL_VAR, RELATED_METHOD};
