@@ -75,6 +75,23 @@ fn check(schema: &Value, v: &Value, path: &str, errs: &mut Vec<String>) {
     {
         errs.push(format!("{path}: value {v} is not allowed here"));
     }
+    check_bounds(s, v, path, errs);
+    check_members(s, v, path, errs);
+    if let Some(Value::Array(any)) = s.get("anyOf")
+        && !any.iter().any(|a| validate(a, v).is_empty())
+    {
+        errs.push(format!("{path}: matches none of the allowed forms"));
+    }
+    if let Some(Value::Array(one)) = s.get("oneOf") {
+        let n = one.iter().filter(|a| validate(a, v).is_empty()).count();
+        if n != 1 {
+            errs.push(format!("{path}: must match exactly one allowed form (matches {n})"));
+        }
+    }
+}
+
+/// The numeric, length and count bounds (`minimum` … `maxItems`).
+fn check_bounds(s: &serde_json::Map<String, Value>, v: &Value, path: &str, errs: &mut Vec<String>) {
     if let Some(x) = v.as_f64() {
         if let Some(min) = s.get("minimum").and_then(Value::as_f64)
             && x < min
@@ -111,10 +128,17 @@ fn check(schema: &Value, v: &Value, path: &str, errs: &mut Vec<String>) {
         {
             errs.push(format!("{path}: allows at most {max} items"));
         }
-        if let Some(item_schema) = s.get("items") {
-            for (i, item) in items.iter().enumerate() {
-                check(item_schema, item, &format!("{path}[{i}]"), errs);
-            }
+    }
+}
+
+/// The members: `items` of an array; `required`, `properties` and
+/// `additionalProperties` of an object.
+fn check_members(s: &serde_json::Map<String, Value>, v: &Value, path: &str, errs: &mut Vec<String>) {
+    if let Value::Array(items) = v
+        && let Some(item_schema) = s.get("items")
+    {
+        for (i, item) in items.iter().enumerate() {
+            check(item_schema, item, &format!("{path}[{i}]"), errs);
         }
     }
     if let Value::Object(obj) = v {
@@ -135,17 +159,6 @@ fn check(schema: &Value, v: &Value, path: &str, errs: &mut Vec<String>) {
                     _ => {}
                 },
             }
-        }
-    }
-    if let Some(Value::Array(any)) = s.get("anyOf")
-        && !any.iter().any(|a| validate(a, v).is_empty())
-    {
-        errs.push(format!("{path}: matches none of the allowed forms"));
-    }
-    if let Some(Value::Array(one)) = s.get("oneOf") {
-        let n = one.iter().filter(|a| validate(a, v).is_empty()).count();
-        if n != 1 {
-            errs.push(format!("{path}: must match exactly one allowed form (matches {n})"));
         }
     }
 }

@@ -327,33 +327,7 @@ impl Config {
             })?),
             None => None,
         };
-        let explicit = match nonempty(&cli.mode) {
-            None => None,
-            Some(m) => Some(match m.to_ascii_lowercase().as_str() {
-                "docs" => Mode::Docs,
-                "read" => Mode::Read,
-                "write" => Mode::Write,
-                _ => {
-                    return Err(bad(
-                        "SNOWLUMA_MCP_MODE",
-                        "--mode",
-                        format!("must be one of docs, read, write; got {m:?}"),
-                    ));
-                }
-            }),
-        };
-        let mode = match (&endpoint, explicit) {
-            (None, Some(m @ (Mode::Read | Mode::Write))) => {
-                warnings.push(format!(
-                    "SNOWLUMA_MCP_MODE={} ignored: no SNOWLUMA_MCP_ENDPOINT set, serving documentation only",
-                    m.as_str()
-                ));
-                Mode::Docs
-            }
-            (None, _) => Mode::Docs,
-            (Some(_), Some(m)) => m,
-            (Some(_), None) => Mode::Read,
-        };
+        let mode = resolve_mode(cli, endpoint.is_some(), &mut warnings)?;
         let timeout_ms = match nonempty(&cli.timeout_ms) {
             None => DEFAULT_TIMEOUT_MS,
             Some(raw) => positive_int("SNOWLUMA_MCP_TIMEOUT_MS", "--timeout-ms", &raw, MAX_TIMEOUT_MS)?,
@@ -362,24 +336,11 @@ impl Config {
             None => MAX_STREAM_BYTES,
             Some(raw) => positive_int("SNOWLUMA_MCP_MAX_STREAM_BYTES", "--max-stream-bytes", &raw, MAX_STREAM_BYTES)?,
         };
-        let abs = |var: &'static str, flag: &'static str, v: &Option<String>| -> Result<Option<PathBuf>, ConfigError> {
-            match nonempty(v) {
-                None => Ok(None),
-                Some(p) => {
-                    let pb = PathBuf::from(&p);
-                    if pb.is_absolute() {
-                        Ok(Some(pb))
-                    } else {
-                        Err(bad(var, flag, format!("must be an absolute path; got {p:?}")))
-                    }
-                }
-            }
-        };
-        let stream_dir = abs("SNOWLUMA_MCP_STREAM_DIR", "--stream-dir", &cli.stream_dir)?;
-        let upload_root = abs("SNOWLUMA_MCP_UPLOAD_ROOT", "--upload-root", &cli.upload_root)?;
-        let task_dir = abs("SNOWLUMA_MCP_TASK_DIR", "--task-dir", &cli.task_dir)?;
-        let audit_log = abs("SNOWLUMA_MCP_AUDIT_LOG", "--audit-log", &cli.audit_log)?;
-        let audit_key = abs("SNOWLUMA_MCP_AUDIT_KEY", "--audit-key", &cli.audit_key)?;
+        let stream_dir = absolute("SNOWLUMA_MCP_STREAM_DIR", "--stream-dir", &cli.stream_dir)?;
+        let upload_root = absolute("SNOWLUMA_MCP_UPLOAD_ROOT", "--upload-root", &cli.upload_root)?;
+        let task_dir = absolute("SNOWLUMA_MCP_TASK_DIR", "--task-dir", &cli.task_dir)?;
+        let audit_log = absolute("SNOWLUMA_MCP_AUDIT_LOG", "--audit-log", &cli.audit_log)?;
+        let audit_key = absolute("SNOWLUMA_MCP_AUDIT_KEY", "--audit-key", &cli.audit_key)?;
         if audit_key.is_some() && audit_log.is_none() {
             warnings.push(
                 "SNOWLUMA_MCP_AUDIT_KEY is set but SNOWLUMA_MCP_AUDIT_LOG is not: no audit log is written".into(),
@@ -394,17 +355,7 @@ impl Config {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&cli.log) {
             return Err(bad("SNOWLUMA_MCP_LOG", "--log", format!("is not a valid filter ({e}); got {:?}", cli.log)));
         }
-        let log_payloads = match std::env::var("SNOWLUMA_MCP_LOG_PAYLOADS").ok().as_deref() {
-            None | Some("") | Some("0") => false,
-            Some("1") => true,
-            Some(other) => {
-                return Err(bad(
-                    "SNOWLUMA_MCP_LOG_PAYLOADS",
-                    "(no flag)",
-                    format!("must be 1 (or 0, or unset); got {:?}", crate::endpoint::shown_raw(other)),
-                ));
-            }
-        };
+        let log_payloads = log_payloads()?;
         let stream_dir_path = stream_dir.clone().unwrap_or_else(default_stream_dir);
         Ok(Config {
             mode,
@@ -440,6 +391,62 @@ impl Config {
         ports.sort_unstable();
         ports.dedup();
         ports
+    }
+}
+
+/// SNOWLUMA_MCP_MODE; without an endpoint only documentation is served
+/// (an explicit read or write mode is then ignored, with a warning).
+fn resolve_mode(cli: &Cli, has_endpoint: bool, warnings: &mut Vec<String>) -> Result<Mode, ConfigError> {
+    let explicit = match nonempty(&cli.mode) {
+        None => None,
+        Some(m) => Some(match m.to_ascii_lowercase().as_str() {
+            "docs" => Mode::Docs,
+            "read" => Mode::Read,
+            "write" => Mode::Write,
+            _ => {
+                return Err(bad("SNOWLUMA_MCP_MODE", "--mode", format!("must be one of docs, read, write; got {m:?}")));
+            }
+        }),
+    };
+    Ok(match (has_endpoint, explicit) {
+        (false, Some(m @ (Mode::Read | Mode::Write))) => {
+            warnings.push(format!(
+                "SNOWLUMA_MCP_MODE={} ignored: no SNOWLUMA_MCP_ENDPOINT set, serving documentation only",
+                m.as_str()
+            ));
+            Mode::Docs
+        }
+        (false, _) => Mode::Docs,
+        (true, Some(m)) => m,
+        (true, None) => Mode::Read,
+    })
+}
+
+/// A path setting, which must be absolute when set.
+fn absolute(var: &'static str, flag: &'static str, v: &Option<String>) -> Result<Option<PathBuf>, ConfigError> {
+    match nonempty(v) {
+        None => Ok(None),
+        Some(p) => {
+            let pb = PathBuf::from(&p);
+            if pb.is_absolute() {
+                Ok(Some(pb))
+            } else {
+                Err(bad(var, flag, format!("must be an absolute path; got {p:?}")))
+            }
+        }
+    }
+}
+
+/// SNOWLUMA_MCP_LOG_PAYLOADS (no flag): 1, or 0 / unset.
+fn log_payloads() -> Result<bool, ConfigError> {
+    match std::env::var("SNOWLUMA_MCP_LOG_PAYLOADS").ok().as_deref() {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(bad(
+            "SNOWLUMA_MCP_LOG_PAYLOADS",
+            "(no flag)",
+            format!("must be 1 (or 0, or unset); got {:?}", crate::endpoint::shown_raw(other)),
+        )),
     }
 }
 
