@@ -90,18 +90,15 @@ pub fn exec_arguments(args: Args) -> ExecArgs {
         Args::Value(v) => return arguments(v),
         Args::Raw(raw) => raw,
     };
-    /// A member's text, `null` included (`Option` alone would read `null`
-    /// as absent, and `"execution": null` is refused, unlike no execution).
-    fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-        <&RawValue as serde::Deserialize>::deserialize(d).map(Some)
-    }
+    // Each member's text, `null` included (`"execution": null` is refused,
+    // unlike no execution).
     #[derive(serde::Deserialize)]
     struct Fields<'a> {
-        #[serde(borrow, default, deserialize_with = "present")]
+        #[serde(borrow, default, deserialize_with = "snowluma_proto::json::present")]
         action: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
+        #[serde(borrow, default, deserialize_with = "snowluma_proto::json::present")]
         params: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
+        #[serde(borrow, default, deserialize_with = "snowluma_proto::json::present")]
         execution: Option<&'a RawValue>,
     }
     // A duplicate argument (the last one counts, as in a parsed object) is
