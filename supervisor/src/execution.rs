@@ -362,13 +362,13 @@ async fn finish_progress(f: crate::progress::Forwarder, reply: &mut ToolReply, c
 
 /// The `result` audit record of an action that ran.
 async fn record_result(log: &AuditLog, about: ActionRef, reply: &ToolReply, started: Instant) {
-    let retcode = reply.result.as_ref().and_then(|t| t.parse().ok()).and_then(|v: Value| v.get("retcode").cloned());
+    // The retcode as the reply's builder read it: the result is not parsed here.
     let rec = ActionRecord::Result {
         action: about,
         outcome: reply.diagnostics.outcome.as_str(),
         kind: reply.diagnostics.kind.map(|k| k.as_str()),
         is_error: reply.is_error,
-        retcode: retcode.unwrap_or(Value::Null),
+        retcode: reply.retcode_value(),
         duration_ms: started.elapsed().as_secs_f64() * 1000.0,
     };
     if let Err(e) = log.record(rec).await {
