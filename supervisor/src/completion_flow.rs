@@ -13,7 +13,7 @@ use crate::completion::{self, StateError};
 use crate::execution::{Admission, ProgressSink};
 use crate::gates::Entry;
 use crate::replies::{call_error_reply, is_modern};
-use crate::server::SnowlumaServer;
+use crate::state::ServerState;
 use crate::tools::ToolSpec;
 use crate::trace::CallTrace;
 use crate::workers::CallError;
@@ -40,7 +40,7 @@ pub(crate) fn state_error(e: StateError) -> McpError {
     McpError::invalid_params(e.to_string(), None)
 }
 
-impl SnowlumaServer {
+impl ServerState {
     /// `*_with_input`: admitted like the original tool, then ask for missing
     /// required params (see `completion.rs`), then run the admitted call.
     pub(crate) async fn with_input(

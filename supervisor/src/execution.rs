@@ -1,21 +1,20 @@
-//! The execution path of `query_action`, `invoke_action` and their
-//! background form: the gates of `gates.rs` in order, the audit records, then
-//! the request to the network executor (or a file transfer), with progress
-//! sent where the call asked for it.
+//! The execution path of `query_action`, `invoke_action`, their
+//! `_with_input` and background forms: [`gates::admit`], the audit records,
+//! then the request to the network executor (or a file transfer), with
+//! progress sent where the call asked for it.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::RoleServer;
-use serde_json::Value;
 use snowluma_catalog::{Action, FileTransfer};
 use snowluma_proto::{Diagnostics, ExecRequest, FailureKind, FileAction, JsonText, Request, ToolReply, TraceContext};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{ActionRecord, ActionRef, AuditLog};
 use crate::gates;
-use crate::replies::{render, tool_reply};
-use crate::server::SnowlumaServer;
+use crate::replies::tool_reply;
+use crate::state::ServerState;
 use crate::tools::ToolSpec;
 use crate::trace::{CallTrace, hex};
 use crate::workers::WorkerSlot;
@@ -43,81 +42,7 @@ impl ProgressSink {
     }
 }
 
-impl SnowlumaServer {
-    /// `invoke_action_background`: the gates of `invoke_action` (stream
-    /// actions only), a place among the running transfers, the record
-    /// written, then the admitted call in its own task.
-    pub(crate) async fn background(
-        &self,
-        spec: ToolSpec,
-        args: Value,
-        trace: &CallTrace,
-    ) -> Result<rmcp::model::CreateTaskResult, ToolReply> {
-        let Some(tasks) = &self.tasks else {
-            return Err(ToolReply::fail(
-                FailureKind::Execution,
-                "未配置持久任务（需 SNOWLUMA_MCP_TASK_DIR）。".to_owned(),
-            ));
-        };
-        // A call a gate or the policy refuses gets that refusal at once
-        // (a policy refusal audited), not a task.
-        let admission = self.admitted(spec, gates::Entry::Background, args.into(), trace).await?;
-        let action = admission.action;
-        if action.transfer == Some(FileTransfer::Upload) && admission.input_file.is_none() {
-            return Err(ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::InvalidArguments,
-                    "后台上传需要 execution.input_file（自动分块上传）；单个分块请用 invoke_action。".to_owned(),
-                )
-                .with_next_step("Pass execution.input_file with a file inside the upload root."),
-            ));
-        }
-        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
-            return Err(ToolReply::fail(FailureKind::Execution, "服务器正在关闭。".to_owned()));
-        };
-        let Some(running) = tasks.reserve() else {
-            return Err(ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::Execution,
-                    format!("已有 {} 个后台任务在运行（上限）；本次未启动任何任务。", crate::tasks::MAX_RUNNING),
-                )
-                .with_next_step("Wait for a running task to finish (poll tasks/get), then start this one."),
-            ));
-        };
-        let record = match tasks.create(&running.id, &action.name).await {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(ToolReply::error(
-                    Diagnostics::failed(FailureKind::Execution, format!("无法写入任务记录，未启动任何任务：{e}"))
-                        .with_next_step("Use invoke_action, or fix the task directory (SNOWLUMA_MCP_TASK_DIR)."),
-                ));
-            }
-        };
-        let handle = task_handle(&record);
-        let trace = trace.clone();
-        let service = tasks.clone();
-        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel();
-        let watcher = tasks.clone();
-        let watched = running.id.clone();
-        tokio::spawn(async move {
-            while let Some(p) = progress_rx.recv().await {
-                watcher.note_progress(&watched, p);
-            }
-        });
-        tokio::spawn(async move {
-            let running = running;
-            let reply = me.run(spec, admission, &trace, &running.cancel, ProgressSink::Task(progress_tx)).await;
-            let cancelled = running.cancel.is_cancelled() && reply.diagnostics.kind == Some(FailureKind::Cancelled);
-            let record = settled(record, reply, cancelled, &trace);
-            if let Err(e) = service.finish(record).await {
-                tracing::error!(error = %e, "a finished background task could not be saved");
-            }
-            drop(running);
-            drop(me);
-        });
-        Ok(rmcp::model::CreateTaskResult::new(handle))
-    }
-
+impl ServerState {
     /// A documentation tool: its arguments go to the catalog worker as the
     /// client's text (never parsed here).
     pub(crate) async fn doc_call(&self, tool: &str, args: gates::Args, cancel: &CancellationToken) -> ToolReply {
@@ -279,49 +204,6 @@ impl SnowlumaServer {
             tracing::error!(error = %e, "cannot write an audit record for a refused {what}");
         }
     }
-}
-
-/// The client's handle for a task just created.
-fn task_handle(record: &snowluma_proto::task::TaskRecord) -> rmcp::model::Task {
-    let handle = rmcp::model::Task::new(
-        record.task_id.clone(),
-        rmcp::model::TaskStatus::Working,
-        record.created_at.clone(),
-        record.last_updated_at.clone(),
-    );
-    let mut handle = handle;
-    handle.status_message = record.status_message.clone();
-    handle.ttl_ms = None;
-    handle.poll_interval_ms = Some(crate::tasks::POLL_INTERVAL_MS);
-    handle
-}
-
-/// A background task's record once its transfer has stopped: cancelled, or
-/// completed with the rendered result.
-fn settled(
-    mut record: snowluma_proto::task::TaskRecord,
-    reply: ToolReply,
-    cancelled: bool,
-    trace: &CallTrace,
-) -> snowluma_proto::task::TaskRecord {
-    if cancelled {
-        record.status = snowluma_proto::task::TaskStatus::Cancelled;
-        record.status_message = Some(format!(
-            "cancelled; {}",
-            reply.diagnostics.message.clone().unwrap_or_else(|| "the transfer stopped".into())
-        ));
-    } else {
-        let failed_business = reply.diagnostics.outcome != snowluma_proto::Outcome::Success;
-        record.status = snowluma_proto::task::TaskStatus::Completed;
-        record.status_message = Some(if failed_business {
-            "completed; the result reports a failure or an unknown outcome: see its diagnostics".into()
-        } else {
-            "completed".into()
-        });
-        let rendered = render(reply, trace);
-        record.result = serde_json::to_value(&rendered).ok();
-    }
-    record
 }
 
 /// End a call's progress forwarding; a successful reply whose progress

@@ -2,6 +2,7 @@
 //! argument, one of its confined worker processes.
 
 mod audit;
+mod background;
 mod completion;
 mod completion_flow;
 mod config;
@@ -21,6 +22,7 @@ mod runtime;
 mod secret;
 mod server;
 mod spawner;
+mod state;
 mod stdio;
 mod tasks;
 mod tools;
