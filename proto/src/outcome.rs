@@ -137,8 +137,9 @@ pub struct ToolReply {
     /// The result's top-level `retcode` member as JSON text, when the result
     /// is an object that has one: read by whoever built the result (the
     /// network executor reads it while classifying the envelope), so the
-    /// supervisor's audit record never parses the result for it.
-    pub retcode: Option<JsonText>,
+    /// supervisor's audit record never parses the result for it. Boxed: it
+    /// is rare and small, and every reply carries the field.
+    pub retcode: Option<Box<JsonText>>,
 }
 
 impl ToolReply {
@@ -151,7 +152,7 @@ impl ToolReply {
             result: Some(JsonText::from_value(result)),
             diagnostics,
             is_error: false,
-            retcode: result.get("retcode").map(JsonText::from_value),
+            retcode: result.get("retcode").map(|r| Box::new(JsonText::from_value(r))),
         }
     }
 

@@ -95,7 +95,8 @@ impl ServerState {
             Ok(admission) => return Ok(admission),
             Err(refused) => refused,
         };
-        if let (Some(reason), Some((given, action))) = (refused.audit_reason(), &refused.audited) {
+        if let (Some(reason), Some(audited)) = (refused.audit_reason(), &refused.audited) {
+            let (given, action) = &**audited;
             self.audit_refusal(spec, given, action, trace, reason, "action").await;
         }
         Err(refused.reply)

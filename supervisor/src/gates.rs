@@ -417,8 +417,9 @@ pub struct Refused {
     pub step: Step,
     pub reply: ToolReply,
     /// For a refusal the audit log records (the policy's): the action as
-    /// the caller wrote it, and the catalog's.
-    pub audited: Option<(String, &'static Action)>,
+    /// the caller wrote it, and the catalog's (boxed: refusals are passed
+    /// by value and this one is rare).
+    pub audited: Option<Box<(String, &'static Action)>>,
 }
 
 impl Refused {
@@ -477,7 +478,7 @@ pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: 
         // A failed plan comes first in the order: it is the refusal.
         return Err(match transfer {
             Err(plan) => Refused::at(Step::Transfer)(plan),
-            Ok(_) => Refused { step: Step::Policy, reply, audited: Some((args.action, action)) },
+            Ok(_) => Refused { step: Step::Policy, reply, audited: Some(Box::new((args.action, action))) },
         });
     }
     // hook: target scope, send pacing and confirmation of destructive
@@ -669,10 +670,7 @@ mod tests {
             Err((Step::Policy, Some("policy_denied")))
         );
         let r = admit(&denied, INVOKE_ACTION_WITH_INPUT, Entry::WithInput, status.into()).unwrap_err();
-        assert_eq!(
-            r.audited.map(|(given, a)| (given, a.name.clone())),
-            Some(("get_status".into(), "get_status".into()))
-        );
+        assert_eq!(r.audited.map(|b| (b.0, b.1.name.clone())), Some(("get_status".into(), "get_status".into())));
         // An automatic upload this server cannot do (no upload root).
         let upload = json!({"action": "upload_file_stream", "execution": {"input_file": "f"}});
         assert_eq!(step(&write, INVOKE_ACTION, Entry::Call, upload.clone()), Err((Step::Transfer, None)));

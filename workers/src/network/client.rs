@@ -297,7 +297,7 @@ mod tests {
         let deep_array = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
         assert_eq!(text(answer(200, deep_array.into_bytes())), "OneBot returned an unexpected response (HTTP 200)");
         // The reply carries the envelope's retcode, as the result has it.
-        assert_eq!(answer(401, env.into()).unwrap().retcode, Some(JsonText("1401".into())));
+        assert_eq!(answer(401, env.into()).unwrap().retcode, Some(Box::new(JsonText("1401".into()))));
         assert_eq!(answer(200, b"{\"a\":1}".to_vec()).unwrap().retcode, None);
         // Invalid UTF-8 inside a string is replaced, as res.text() does.
         let r = answer(200, b"{\"a\":\"\xff\"}".to_vec()).unwrap();

@@ -79,7 +79,7 @@ struct EnvelopeFields {
 pub(super) struct Envelope {
     pub diagnostics: Diagnostics,
     /// The `retcode` member as JSON text (`None` when absent or `null`).
-    pub retcode: Option<JsonText>,
+    pub retcode: Option<Box<JsonText>>,
 }
 
 /// Classify a response body that must be a JSON object; `None` when it is
@@ -97,14 +97,14 @@ pub(super) fn classify_body(body: &[u8]) -> Option<Envelope> {
             let v: Value = serde_json::from_slice(body).ok()?;
             return v.is_object().then(|| Envelope {
                 diagnostics: classify(&v),
-                retcode: v.get("retcode").filter(|r| !r.is_null()).map(JsonText::from_value),
+                retcode: v.get("retcode").filter(|r| !r.is_null()).map(|r| Box::new(JsonText::from_value(r))),
             });
         }
     };
     let wording = first_wording([&f.wording, &f.message, &f.msg].map(|v| v.as_ref().and_then(Value::as_str)));
     let diagnostics =
         classify_fields(f.status.as_ref().and_then(Value::as_str), f.retcode.as_ref().and_then(Value::as_i64), wording);
-    Some(Envelope { diagnostics, retcode: f.retcode.as_ref().map(JsonText::from_value) })
+    Some(Envelope { diagnostics, retcode: f.retcode.as_ref().map(|r| Box::new(JsonText::from_value(r))) })
 }
 
 fn classify_fields(status: Option<&str>, retcode: Option<i64>, wording: Option<String>) -> Diagnostics {
