@@ -16,6 +16,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
+// An optional field whose presence counts even when it is `null`.
+use snowluma_proto::json::present;
 
 /// Longest id or progress token kept (its JSON text).
 pub const MAX_ID_BYTES: usize = 1024;
@@ -24,11 +26,6 @@ const MAX_METHOD_BYTES: usize = 1024;
 /// Longest `name`/`uri` kept for the comparison with `Mcp-Name`; a longer
 /// one cannot equal a header, which is at most 64 KiB with all the others.
 const MAX_NAME_BYTES: usize = 64 * 1024;
-
-/// An optional field whose presence counts even when it is `null`.
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue>::deserialize(d).map(Some)
-}
 
 #[derive(Deserialize)]
 struct Envelope<'a> {

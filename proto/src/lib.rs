@@ -1,6 +1,7 @@
 //! Shared vocabulary of the snowluma-mcp processes.
 //!
 //! * [`bytes`]: hex and kernel randomness, one copy for every process.
+//! * [`json`]: reading JSON text without building it (`present`).
 //! * [`frame`]: length-prefixed `postcard` frames on the supervisor/worker socket.
 //! * [`msg`]: the typed messages that travel in those frames, and the handshake.
 //! * [`outcome`]: the result/diagnostic envelope every tool returns.
@@ -12,6 +13,7 @@
 pub mod bytes;
 pub mod fdpass;
 pub mod frame;
+pub mod json;
 pub mod msg;
 pub mod outcome;
 pub mod session;

@@ -134,23 +134,66 @@ pub struct ToolReply {
     /// An MCP tool error (`isError: true`): transport failures, refused
     /// calls, invalid arguments. OneBot business failures are *not* errors.
     pub is_error: bool,
+    /// The result's top-level `retcode` member as JSON text, when the result
+    /// is an object that has one: read by whoever built the result (the
+    /// network executor reads it while classifying the envelope), so the
+    /// supervisor's audit record never parses the result for it. Boxed: it
+    /// is rare and small, and every reply carries the field.
+    pub retcode: Option<Box<JsonText>>,
 }
 
 impl ToolReply {
     pub fn ok(result: &Value) -> ToolReply {
-        ToolReply { result: Some(JsonText::from_value(result)), diagnostics: Diagnostics::success(), is_error: false }
+        ToolReply::with_diagnostics(result, Diagnostics::success())
     }
 
     pub fn with_diagnostics(result: &Value, diagnostics: Diagnostics) -> ToolReply {
-        ToolReply { result: Some(JsonText::from_value(result)), diagnostics, is_error: false }
+        ToolReply {
+            result: Some(JsonText::from_value(result)),
+            diagnostics,
+            is_error: false,
+            retcode: result.get("retcode").map(|r| Box::new(JsonText::from_value(r))),
+        }
     }
 
     pub fn error(diagnostics: Diagnostics) -> ToolReply {
-        ToolReply { result: None, diagnostics, is_error: true }
+        ToolReply { result: None, diagnostics, is_error: true, retcode: None }
+    }
+
+    /// [`ToolReply::retcode`], parsed (`null` when there is none).
+    pub fn retcode_value(&self) -> Value {
+        self.retcode.as_ref().and_then(|t| t.parse().ok()).unwrap_or(Value::Null)
     }
 
     /// An error reply of one kind and message.
     pub fn fail(kind: FailureKind, message: impl Into<String>) -> ToolReply {
         ToolReply::error(Diagnostics::failed(kind, message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A reply built from a value carries the value's `retcode` as it would
+    /// read back from the result text; and survives the IPC encoding.
+    #[test]
+    fn the_retcode_travels_with_the_result() {
+        for v in
+            [json!({"retcode": 0}), json!({"retcode": "0", "a": 1}), json!({"retcode": 1e15}), json!({"retcode": null})]
+        {
+            let r = ToolReply::ok(&v);
+            let back: Value = r.result.as_ref().unwrap().parse().unwrap();
+            assert_eq!(r.retcode_value(), back["retcode"], "{v}");
+            let bytes = postcard::to_allocvec(&r).unwrap();
+            let decoded: ToolReply = postcard::from_bytes(&bytes).unwrap();
+            assert_eq!(decoded.retcode, r.retcode);
+        }
+        for v in [json!({"a": 1}), json!([1]), json!("retcode")] {
+            assert_eq!(ToolReply::ok(&v).retcode, None);
+            assert_eq!(ToolReply::ok(&v).retcode_value(), Value::Null);
+        }
+        assert_eq!(ToolReply::fail(FailureKind::Execution, "x").retcode, None);
     }
 }

@@ -10,9 +10,10 @@ use serde_json::Value;
 use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
 
 use crate::completion::{self, StateError};
-use crate::execution::ProgressSink;
+use crate::execution::{Admission, ProgressSink};
+use crate::gates::Entry;
 use crate::replies::{call_error_reply, is_modern};
-use crate::server::SnowlumaServer;
+use crate::state::ServerState;
 use crate::tools::ToolSpec;
 use crate::trace::CallTrace;
 use crate::workers::CallError;
@@ -39,9 +40,9 @@ pub(crate) fn state_error(e: StateError) -> McpError {
     McpError::invalid_params(e.to_string(), None)
 }
 
-impl SnowlumaServer {
-    /// `*_with_input`: ask for missing required params (see `completion.rs`),
-    /// then run the call through [`Self::exec_call`] like the original tool.
+impl ServerState {
+    /// `*_with_input`: admitted like the original tool, then ask for missing
+    /// required params (see `completion.rs`), then run the admitted call.
     pub(crate) async fn with_input(
         &self,
         spec: ToolSpec,
@@ -51,11 +52,12 @@ impl SnowlumaServer {
         trace: &CallTrace,
     ) -> Result<Completion, McpError> {
         // Every gate the call would meet, before anyone is asked anything;
-        // a call that fails one goes through exec_call, which refuses it
-        // exactly as the original tool does (and audits a policy refusal).
-        let Some((action, params, automatic_upload)) = self.gated(spec, &args) else {
-            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, ProgressSink::client(ctx)).await));
+        // a refusal is the original tool's (a policy refusal audited).
+        let admission = match self.admitted(spec, Entry::WithInput, args.clone().into(), trace).await {
+            Ok(a) => a,
+            Err(refusal) => return Ok(Completion::Done(refusal)),
         };
+        let (action, params) = (admission.action, admission.params.to_value());
         let digest = completion::args_digest(spec.name, &args);
         if let Some(sealed) = state {
             let response = responses.as_ref().and_then(|r| r.get(completion::INPUT_KEY));
@@ -73,7 +75,7 @@ impl SnowlumaServer {
                         StateError::Reused => "input_reused",
                         StateError::Foreign => "input_foreign",
                     };
-                    self.audit_refusal(spec, &args, action, trace, reason).await;
+                    self.audit_refusal(spec, &admission.given, action, trace, reason, "continuation").await;
                     return Err(state_error(e));
                 }
             };
@@ -86,7 +88,7 @@ impl SnowlumaServer {
             {
                 Ok(a) => a,
                 Err((reply, reason)) => {
-                    self.audit_refusal(spec, &args, action, trace, reason).await;
+                    self.audit_refusal(spec, &admission.given, action, trace, reason, "continuation").await;
                     return Ok(Completion::Done(reply));
                 }
             };
@@ -100,16 +102,16 @@ impl SnowlumaServer {
                 }
                 return Ok(self.ask_modern(spec, action, digest, remaining, answered));
             }
-            let merged = completion::merged_args(&args, &answered);
-            return Ok(Completion::Done(self.exec_call(spec, merged, trace, &ctx.ct, ProgressSink::client(ctx)).await));
+            let admission = admission.answered(&self.gate_context(), completion::merged_args(&args, &answered));
+            return Ok(Completion::Done(self.run(spec, admission, trace, &ctx.ct, ProgressSink::client(ctx)).await));
         }
         let mut missing = completion::missing(action, &params);
-        if automatic_upload {
+        if admission.input_file.is_some() {
             // The server sets these itself for an automatic upload.
             missing.retain(|m| !crate::transfers::MCP_OWNED_UPLOAD_FIELDS.contains(&m.as_str()));
         }
         if missing.is_empty() {
-            return Ok(Completion::Done(self.exec_call(spec, args, trace, &ctx.ct, ProgressSink::client(ctx)).await));
+            return Ok(Completion::Done(self.run(spec, admission, trace, &ctx.ct, ProgressSink::client(ctx)).await));
         }
         if is_modern(ctx) {
             if !modern_form(ctx) {
@@ -122,7 +124,7 @@ impl SnowlumaServer {
         if !legacy_form {
             return Ok(Completion::Done(completion::no_form_support(spec.name, &missing)));
         }
-        Ok(Completion::Done(self.ask_legacy(spec, args, action, params, missing, ctx, trace).await))
+        Ok(Completion::Done(self.ask_legacy(spec, args, admission, missing, ctx, trace).await))
     }
 
     /// A modern `input_required` result for `missing`, or the refusal when
@@ -150,13 +152,11 @@ impl SnowlumaServer {
 
     /// A legacy client: `elicitation/create` inside this call, until every
     /// missing field is answered (each answer checked), then the call.
-    #[allow(clippy::too_many_arguments)]
     async fn ask_legacy(
         &self,
         spec: ToolSpec,
         args: Value,
-        action: &'static snowluma_catalog::Action,
-        params: Value,
+        admission: Admission,
         mut missing: Vec<String>,
         ctx: &RequestContext<RoleServer>,
         trace: &CallTrace,
@@ -164,6 +164,7 @@ impl SnowlumaServer {
         let Some(slot) = self.continuations.reserve() else {
             return completion::too_many();
         };
+        let (action, params) = (admission.action, admission.params.to_value());
         let mut answered = serde_json::Map::new();
         while !missing.is_empty() {
             let ask = ctx.peer.create_elicitation(completion::form(action, &missing));
@@ -199,14 +200,14 @@ impl SnowlumaServer {
                 Ok(a) => answered.extend(a),
                 Err((reply, reason)) => {
                     self.continuations.release(&slot);
-                    self.audit_refusal(spec, &args, action, trace, reason).await;
+                    self.audit_refusal(spec, &admission.given, action, trace, reason, "continuation").await;
                     return reply;
                 }
             }
             missing.retain(|m| !answered.contains_key(m));
         }
         self.continuations.release(&slot);
-        let merged = completion::merged_args(&args, &answered);
-        self.exec_call(spec, merged, trace, &ctx.ct, ProgressSink::client(ctx)).await
+        let admission = admission.answered(&self.gate_context(), completion::merged_args(&args, &answered));
+        self.run(spec, admission, trace, &ctx.ct, ProgressSink::client(ctx)).await
     }
 }

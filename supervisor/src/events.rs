@@ -28,7 +28,7 @@ use std::time::Duration;
 use rmcp::RoleServer;
 use rmcp::service::{Peer, SubscriptionSink};
 use serde_json::{Map, Value, json};
-use snowluma_proto::{EventMsg, Reply, Request};
+use snowluma_proto::{EventMsg, FailureKind, Reply, Request, ToolReply};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -577,6 +577,24 @@ async fn notify(state: Arc<Mutex<State>>, targets: Vec<(String, Vec<Target>)>) {
                 r.notification_failed = true;
             }
         }
+    }
+}
+
+/// `subscribe_events` / `unsubscribe_events` on `hub`.
+pub(crate) async fn tool_call(hub: &EventHub, handler: crate::tools::Handler, args: Value) -> ToolReply {
+    let result = match handler {
+        crate::tools::Handler::SubscribeEvents => hub.subscribe(&args).await,
+        _ => match args.as_object().filter(|o| o.len() == 1).and_then(|o| o.get("uri")).and_then(Value::as_str) {
+            Some(uri) => hub.release(uri).map(|()| json!({"released": uri})),
+            None => Err(EventsError::InvalidArguments("expected exactly {\"uri\": <string>}".into())),
+        },
+    };
+    match result {
+        Ok(v) => ToolReply::ok(&v),
+        Err(e @ (EventsError::InvalidArguments(_) | EventsError::NotFound | EventsError::BadCursor(_))) => {
+            ToolReply::fail(FailureKind::InvalidArguments, e.to_string())
+        }
+        Err(e) => ToolReply::fail(FailureKind::Execution, e.to_string()),
     }
 }
 

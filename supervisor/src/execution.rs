@@ -1,22 +1,26 @@
-//! The execution path of `query_action`, `invoke_action` and their
-//! background form: the gates of `gates.rs` in order, the audit records, then
-//! the request to the network executor (or a file transfer), with progress
-//! sent where the call asked for it.
+//! The execution path of `query_action`, `invoke_action`, their
+//! `_with_input` and background forms: [`gates::admit`], the audit records,
+//! then the request to the network executor (or a file transfer), with
+//! progress sent where the call asked for it.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::RoleServer;
-use serde_json::Value;
-use snowluma_catalog::FileTransfer;
+use snowluma_catalog::{Action, FileTransfer};
 use snowluma_proto::{Diagnostics, ExecRequest, FailureKind, FileAction, JsonText, Request, ToolReply, TraceContext};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{ActionRecord, ActionRef, AuditLog};
 use crate::gates;
-use crate::replies::{render, tool_reply};
-use crate::server::SnowlumaServer;
+use crate::replies::tool_reply;
+use crate::state::ServerState;
 use crate::tools::ToolSpec;
 use crate::trace::{CallTrace, hex};
+use crate::workers::WorkerSlot;
+
+/// A call the gates admitted, on this server's network executor.
+pub(crate) type Admission = gates::Admission<Arc<WorkerSlot>>;
 
 /// Where a call's progress notifications go.
 pub(crate) enum ProgressSink {
@@ -38,99 +42,7 @@ impl ProgressSink {
     }
 }
 
-impl SnowlumaServer {
-    /// `invoke_action_background`: the gates of `invoke_action`, stream
-    /// actions only, a place among the running transfers, the record written,
-    /// then the transfer in its own task.
-    pub(crate) async fn background(
-        &self,
-        spec: ToolSpec,
-        args: Value,
-        trace: &CallTrace,
-    ) -> Result<rmcp::model::CreateTaskResult, ToolReply> {
-        let Some(tasks) = &self.tasks else {
-            return Err(ToolReply::fail(
-                FailureKind::Execution,
-                "未配置持久任务（需 SNOWLUMA_MCP_TASK_DIR）。".to_owned(),
-            ));
-        };
-        // Every gate (mode, endpoint, catalog, params, policy) is checked
-        // again by exec_call; this one only decides whether a task fits.
-        let mut parsed = gates::arguments(args.clone());
-        let action = gates::catalog_action(self.catalog, &parsed.action)?;
-        gates::execution(&mut parsed, action)?;
-        if !action.stream {
-            return Err(ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::InvalidArguments,
-                    format!(
-                        "{} 不是 Stream Action（not a stream action）；后台任务只运行目录中的 Stream Action。",
-                        action.name
-                    ),
-                )
-                .with_next_step("Use invoke_action for ordinary actions."),
-            ));
-        }
-        // A call that a gate or the policy refuses gets that refusal at once
-        // (through exec_call, which also audits a policy refusal), not a task.
-        if self.gated(spec, &args).is_none() {
-            return Err(self.exec_call(spec, args, trace, &CancellationToken::new(), ProgressSink::None).await);
-        }
-        if action.transfer == Some(FileTransfer::Upload) && parsed.input_file().is_none() {
-            return Err(ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::InvalidArguments,
-                    "后台上传需要 execution.input_file（自动分块上传）；单个分块请用 invoke_action。".to_owned(),
-                )
-                .with_next_step("Pass execution.input_file with a file inside the upload root."),
-            ));
-        }
-        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
-            return Err(ToolReply::fail(FailureKind::Execution, "服务器正在关闭。".to_owned()));
-        };
-        let Some(running) = tasks.reserve() else {
-            return Err(ToolReply::error(
-                Diagnostics::failed(
-                    FailureKind::Execution,
-                    format!("已有 {} 个后台任务在运行（上限）；本次未启动任何任务。", crate::tasks::MAX_RUNNING),
-                )
-                .with_next_step("Wait for a running task to finish (poll tasks/get), then start this one."),
-            ));
-        };
-        let record = match tasks.create(&running.id, &action.name).await {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(ToolReply::error(
-                    Diagnostics::failed(FailureKind::Execution, format!("无法写入任务记录，未启动任何任务：{e}"))
-                        .with_next_step("Use invoke_action, or fix the task directory (SNOWLUMA_MCP_TASK_DIR)."),
-                ));
-            }
-        };
-        let handle = task_handle(&record);
-        let trace = trace.clone();
-        let service = tasks.clone();
-        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel();
-        let watcher = tasks.clone();
-        let watched = running.id.clone();
-        tokio::spawn(async move {
-            while let Some(p) = progress_rx.recv().await {
-                watcher.note_progress(&watched, p);
-            }
-        });
-        tokio::spawn(async move {
-            let running = running;
-            let reply = me.exec_call(spec, args, &trace, &running.cancel, ProgressSink::Task(progress_tx)).await;
-            let cancelled = running.cancel.is_cancelled() && reply.diagnostics.kind == Some(FailureKind::Cancelled);
-            let record = settled(record, reply, cancelled, &trace);
-            if let Err(e) = service.finish(record).await {
-                tracing::error!(error = %e, "a finished background task could not be saved");
-            }
-            drop(running);
-            drop(me);
-        });
-        Ok(rmcp::model::CreateTaskResult::new(handle))
-    }
-
+impl ServerState {
     /// A documentation tool: its arguments go to the catalog worker as the
     /// client's text (never parsed here).
     pub(crate) async fn doc_call(&self, tool: &str, args: gates::Args, cancel: &CancellationToken) -> ToolReply {
@@ -142,9 +54,9 @@ impl SnowlumaServer {
         tool_reply("the catalog worker", self.workers.catalog.call(req, cancel, None).await, false)
     }
 
-    /// `query_action` / `invoke_action`: the gates of `gates.rs` in order,
-    /// the audit records, then the request (or transfer). Progress goes to
-    /// `progress`: the client, a background task's record, or nowhere.
+    /// `query_action` / `invoke_action`: [`gates::admit`], then the call
+    /// run on its admission ([`Self::run`]). Progress goes to `progress`:
+    /// the client, a background task's record, or nowhere.
     pub(crate) async fn exec_call(
         &self,
         spec: ToolSpec,
@@ -153,72 +65,78 @@ impl SnowlumaServer {
         cancel: &CancellationToken,
         progress: ProgressSink,
     ) -> ToolReply {
-        match self.execute(spec, args.into(), trace, cancel, progress).await {
-            Ok(reply) | Err(reply) => reply,
+        match self.admitted(spec, gates::Entry::Call, args.into(), trace).await {
+            Ok(admission) => self.run(spec, admission, trace, cancel, progress).await,
+            Err(refusal) => refusal,
         }
     }
 
-    async fn execute(
+    /// What the gates see of this server.
+    pub(crate) fn gate_context(&self) -> gates::Context<'_, Arc<WorkerSlot>> {
+        gates::Context {
+            mode: self.config.mode,
+            network: self.workers.network.as_ref(),
+            catalog: self.catalog,
+            policy: &self.policy,
+            transfers: self.transfers.as_deref(),
+        }
+    }
+
+    /// [`gates::admit`] for this server; a refusal the audit log records
+    /// (the operator's policy) is recorded here.
+    pub(crate) async fn admitted(
         &self,
         spec: ToolSpec,
+        entry: gates::Entry,
         args: gates::Args,
+        trace: &CallTrace,
+    ) -> Result<Admission, ToolReply> {
+        let refused = match gates::admit(&self.gate_context(), spec, entry, args) {
+            Ok(admission) => return Ok(admission),
+            Err(refused) => refused,
+        };
+        if let (Some(reason), Some(audited)) = (refused.audit_reason(), &refused.audited) {
+            let (given, action) = &**audited;
+            self.audit_refusal(spec, given, action, trace, reason, "action").await;
+        }
+        Err(refused.reply)
+    }
+
+    /// An admitted call: the transfer plan's refusal if it failed, else the
+    /// audit intent, the request (or transfer) and the audit result.
+    pub(crate) async fn run(
+        &self,
+        spec: ToolSpec,
+        admission: Admission,
         trace: &CallTrace,
         cancel: &CancellationToken,
         progress: ProgressSink,
-    ) -> Result<ToolReply, ToolReply> {
+    ) -> ToolReply {
         let tool = spec.name;
-        // The mode first (re-checked on every call), as Node.
-        if !spec.modes.contains(self.config.mode) {
-            return Err(gates::mode_refusal(spec.modes));
-        }
-        let mut args = gates::exec_arguments(args);
-        let network = gates::endpoint(self.workers.network.as_ref())?;
-        let action = gates::catalog_action(self.catalog, &args.action)?;
-        gates::read_only(spec.handler.read_only_tool(), action, &args.action)?;
-        gates::execution(&mut args, action)?;
-        let params = gates::params(args.params.take());
-        // File transfers: which one, and whether this server can do it.
-        let transfer = crate::transfers::plan(self.transfers.as_deref(), action, &params, args.input_file())?;
+        let gates::Admission { network, action, given, params, transfer, .. } = admission;
+        let transfer = match transfer {
+            Ok(t) => t,
+            Err(refusal) => return refusal,
+        };
         // What the audit records say about this action (only when auditing).
-        let audit = self.audit.as_ref().map(|log| {
-            let about = ActionRef {
-                op_id: hex(&crate::trace::random_bytes::<16>()),
-                tool: tool.to_owned(),
-                action: args.action.clone(),
-                canonical: action.name.clone(),
-                read_only: action.read_only,
-                mode: self.config.mode.as_str(),
-                traceparent: trace.traceparent.clone(),
-            };
-            (log, about)
-        });
-        // The operator's action policy. Refusals are audited too.
-        if let Err(refusal) = gates::policy(&self.policy, action) {
-            if let Some((log, about)) = &audit {
-                let rec = ActionRecord::Refused { action: about.clone(), reason: "policy_denied" };
-                if let Err(e) = log.record(rec).await {
-                    tracing::error!(error = %e, "cannot write an audit record for a refused action");
-                }
-            }
-            return Err(refusal);
-        }
+        let audit = self.audit.as_ref().map(|log| (log, self.action_ref(spec, &given, action, trace)));
         // Nothing leaves without its intent record once auditing is on.
         if let Some((log, about)) = &audit {
             let rec =
                 ActionRecord::Intent { action: about.clone(), params_digest: log.params_digest(&params.to_value()) };
             if let Err(e) = log.record(rec).await {
                 tracing::error!(error = %e, "audit intent not written; action refused");
-                return Err(ToolReply::error(
+                return ToolReply::error(
                     Diagnostics::failed(FailureKind::AuditFailed, format!("无法写入审计日志，action 未执行：{e}"))
                         .with_next_step(
                             "The operator must repair SNOWLUMA_MCP_AUDIT_LOG (see `snowluma-mcp audit verify`).",
                         ),
-                ));
+                );
             }
         }
         let started = Instant::now();
         let exec = ExecRequest {
-            action: args.action.clone(),
+            action: given,
             params: params.json_text(),
             stream: action.stream,
             write: !action.read_only,
@@ -253,97 +171,40 @@ impl SnowlumaServer {
         if let Some((log, about)) = audit {
             record_result(log, about, &reply, started).await;
         }
-        Ok(reply)
+        reply
     }
 
-    /// The gates up to the operator's policy, without side effects: the
-    /// action and its params when the call would pass them all.
-    /// The third value: the call is an automatic upload (`execution.input_file`).
-    pub(crate) fn gated(
-        &self,
-        spec: ToolSpec,
-        args: &Value,
-    ) -> Option<(&'static snowluma_catalog::Action, Value, bool)> {
-        if !spec.modes.contains(self.config.mode) {
-            return None;
-        }
-        let mut parsed = gates::arguments(args.clone());
-        gates::endpoint(self.workers.network.as_ref()).ok()?;
-        let action = gates::catalog_action(self.catalog, &parsed.action).ok()?;
-        gates::read_only(spec.handler.read_only_tool(), action, &parsed.action).ok()?;
-        gates::execution(&mut parsed, action).ok()?;
-        let automatic_upload = parsed.input_file().is_some();
-        let params = gates::params(parsed.params).to_value();
-        gates::policy(&self.policy, action).ok()?;
-        Some((action, params, automatic_upload))
-    }
-
-    /// A `refused` audit record for a continuation that executes nothing.
-    pub(crate) async fn audit_refusal(
-        &self,
-        spec: ToolSpec,
-        args: &Value,
-        action: &snowluma_catalog::Action,
-        trace: &CallTrace,
-        reason: &'static str,
-    ) {
-        let Some(log) = &self.audit else { return };
-        let about = ActionRef {
+    /// What every audit record of one action says about it.
+    fn action_ref(&self, spec: ToolSpec, given: &str, action: &Action, trace: &CallTrace) -> ActionRef {
+        ActionRef {
             op_id: hex(&crate::trace::random_bytes::<16>()),
             tool: spec.name.to_owned(),
-            action: args.get("action").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            action: given.to_owned(),
             canonical: action.name.clone(),
             read_only: action.read_only,
             mode: self.config.mode.as_str(),
             traceparent: trace.traceparent.clone(),
-        };
-        if let Err(e) = log.record(ActionRecord::Refused { action: about, reason }).await {
-            tracing::error!(error = %e, "cannot write an audit record for a refused continuation");
         }
     }
-}
 
-/// The client's handle for a task just created.
-fn task_handle(record: &snowluma_proto::task::TaskRecord) -> rmcp::model::Task {
-    let handle = rmcp::model::Task::new(
-        record.task_id.clone(),
-        rmcp::model::TaskStatus::Working,
-        record.created_at.clone(),
-        record.last_updated_at.clone(),
-    );
-    let mut handle = handle;
-    handle.status_message = record.status_message.clone();
-    handle.ttl_ms = None;
-    handle.poll_interval_ms = Some(crate::tasks::POLL_INTERVAL_MS);
-    handle
-}
-
-/// A background task's record once its transfer has stopped: cancelled, or
-/// completed with the rendered result.
-fn settled(
-    mut record: snowluma_proto::task::TaskRecord,
-    reply: ToolReply,
-    cancelled: bool,
-    trace: &CallTrace,
-) -> snowluma_proto::task::TaskRecord {
-    if cancelled {
-        record.status = snowluma_proto::task::TaskStatus::Cancelled;
-        record.status_message = Some(format!(
-            "cancelled; {}",
-            reply.diagnostics.message.clone().unwrap_or_else(|| "the transfer stopped".into())
-        ));
-    } else {
-        let failed_business = reply.diagnostics.outcome != snowluma_proto::Outcome::Success;
-        record.status = snowluma_proto::task::TaskStatus::Completed;
-        record.status_message = Some(if failed_business {
-            "completed; the result reports a failure or an unknown outcome: see its diagnostics".into()
-        } else {
-            "completed".into()
-        });
-        let rendered = render(reply, trace);
-        record.result = serde_json::to_value(&rendered).ok();
+    /// A `refused` audit record: a policy refusal (`what`: "action"), or a
+    /// continuation that executes nothing ("continuation"). `given`: the
+    /// action as the caller wrote it.
+    pub(crate) async fn audit_refusal(
+        &self,
+        spec: ToolSpec,
+        given: &str,
+        action: &Action,
+        trace: &CallTrace,
+        reason: &'static str,
+        what: &str,
+    ) {
+        let Some(log) = &self.audit else { return };
+        let about = self.action_ref(spec, given, action, trace);
+        if let Err(e) = log.record(ActionRecord::Refused { action: about, reason }).await {
+            tracing::error!(error = %e, "cannot write an audit record for a refused {what}");
+        }
     }
-    record
 }
 
 /// End a call's progress forwarding; a successful reply whose progress
@@ -362,13 +223,13 @@ async fn finish_progress(f: crate::progress::Forwarder, reply: &mut ToolReply, c
 
 /// The `result` audit record of an action that ran.
 async fn record_result(log: &AuditLog, about: ActionRef, reply: &ToolReply, started: Instant) {
-    let retcode = reply.result.as_ref().and_then(|t| t.parse().ok()).and_then(|v: Value| v.get("retcode").cloned());
+    // The retcode as the reply's builder read it: the result is not parsed here.
     let rec = ActionRecord::Result {
         action: about,
         outcome: reply.diagnostics.outcome.as_str(),
         kind: reply.diagnostics.kind.map(|k| k.as_str()),
         is_error: reply.is_error,
-        retcode: retcode.unwrap_or(Value::Null),
+        retcode: reply.retcode_value(),
         duration_ms: started.elapsed().as_secs_f64() * 1000.0,
     };
     if let Err(e) = log.record(rec).await {

@@ -1,12 +1,16 @@
 //! The gates every execution passes, in order, as pure functions: each
 //! takes only what it checks and returns either what the next step needs
-//! or the refusal the client gets. `execution.rs` strings them together
-//! (`exec_call`); nothing here touches a worker, the audit log or the
-//! network, so each gate is unit-tested on its own.
+//! or the refusal the client gets. [`admit`] runs them all, once, for every
+//! entry (`query_action` / `invoke_action`, the `_with_input` flow and
+//! background tasks) and returns the [`Admission`] the call then runs on;
+//! nothing here touches a worker, the audit log or the network, so each
+//! gate is unit-tested on its own.
 //!
-//! Order: arguments → mode → endpoint → catalog → read-only (query) →
-//! params → transfer plan (`transfers/`) → operator policy → audit
-//! intent → send.
+//! Order ([`Step`]): mode → arguments → endpoint → catalog → read-only
+//! (query) → execution → stream (background only) → params → transfer plan
+//! (`transfers/`) → operator policy → *(the next issue's safety gates go
+//! here: target scope, send pacing, confirmation)* → audit intent → send
+//! (`execution.rs`).
 
 use std::sync::Arc;
 
@@ -16,7 +20,8 @@ use snowluma_catalog::{Action, Catalog};
 use snowluma_proto::{Diagnostics, FailureKind, JsonText, ToolReply};
 
 use crate::policy::Policy;
-use crate::tools::Modes;
+use crate::tools::{Modes, ToolSpec};
+use crate::transfers::{Plan, TransferService};
 use snowluma_config::Mode;
 
 /// The arguments of `query_action` / `invoke_action`, read as Node reads
@@ -90,18 +95,15 @@ pub fn exec_arguments(args: Args) -> ExecArgs {
         Args::Value(v) => return arguments(v),
         Args::Raw(raw) => raw,
     };
-    /// A member's text, `null` included (`Option` alone would read `null`
-    /// as absent, and `"execution": null` is refused, unlike no execution).
-    fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-        <&RawValue as serde::Deserialize>::deserialize(d).map(Some)
-    }
+    // Each member's text, `null` included (`"execution": null` is refused,
+    // unlike no execution).
     #[derive(serde::Deserialize)]
     struct Fields<'a> {
-        #[serde(borrow, default, deserialize_with = "present")]
+        #[serde(borrow, default, deserialize_with = "snowluma_proto::json::present")]
         action: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
+        #[serde(borrow, default, deserialize_with = "snowluma_proto::json::present")]
         params: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
+        #[serde(borrow, default, deserialize_with = "snowluma_proto::json::present")]
         execution: Option<&'a RawValue>,
     }
     // A duplicate argument (the last one counts, as in a parsed object) is
@@ -325,6 +327,165 @@ pub fn mode_refusal(need: Modes) -> ToolReply {
     ToolReply::error(Diagnostics::failed(FailureKind::ModeForbidden, message).with_next_step(next))
 }
 
+/// The gates, in the order [`admit`] runs them (Node's). A refusal names
+/// the step that refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The tool is offered in this mode ([`mode_refusal`]).
+    Mode,
+    /// A SnowLuma endpoint is configured ([`endpoint`]).
+    Endpoint,
+    /// The action is in the catalog ([`catalog_action`]).
+    Catalog,
+    /// `query_action` runs read-only actions only ([`read_only`]).
+    ReadOnly,
+    /// `execution` is well-formed ([`execution`]).
+    Execution,
+    /// A background task runs stream actions only ([`stream`]).
+    Stream,
+    /// The file transfer, if any, can be done (`transfers::plan`).
+    Transfer,
+    /// The operator's action policy ([`policy`]); its refusals are audited.
+    Policy,
+    // hook: the next issue's safety gates are appended here, in this order,
+    // each with its own step: target scope (SNOWLUMA_MCP_ALLOW_GROUPS /
+    // ALLOW_USERS, read from the admitted params), send pacing, and the
+    // confirmation of destructive actions. They run after the policy and
+    // before the audit intent (see `admit`).
+}
+
+/// Which entry a call came in by. The gates are the same for all, in the
+/// same order; a background task also needs a stream action, and a call
+/// that may still run later (after input, or in a task) keeps a failed
+/// transfer plan until then unless a later gate refuses it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// `query_action` / `invoke_action` (and the runtime overview's queries).
+    Call,
+    /// `*_with_input`: admitted before anyone is asked for anything.
+    WithInput,
+    /// `invoke_action_background`: admitted before the task is created.
+    Background,
+}
+
+/// What the gates see of the server.
+pub struct Context<'a, N> {
+    pub mode: Mode,
+    pub network: Option<&'a N>,
+    pub catalog: &'static Catalog,
+    pub policy: &'a Policy,
+    pub transfers: Option<&'a TransferService>,
+}
+
+/// A call every gate let through (the current mode offers the tool and the
+/// operator's policy permits the action): what the rest of the call runs on.
+#[derive(Debug)]
+pub struct Admission<N> {
+    /// The network executor ([`Step::Endpoint`]).
+    pub network: N,
+    /// The catalog's action ([`Step::Catalog`]).
+    pub action: &'static Action,
+    /// The action as the caller wrote it (an alias stays an alias).
+    pub given: String,
+    /// `params` as sent ([`params`]).
+    pub params: Params,
+    /// `execution.input_file`, when given ([`Step::Execution`]).
+    pub input_file: Option<String>,
+    /// The transfer plan ([`Step::Transfer`]); a failed plan of an entry
+    /// that runs later is its refusal, given when the call runs (no later
+    /// gate refused it).
+    pub transfer: Result<Option<Plan>, ToolReply>,
+    // hook: the verdicts of the next issue's gates (target scope, pacing
+    // slot, confirmation) become fields here.
+}
+
+impl<N> Admission<N> {
+    /// This admission once the `_with_input` answers are merged into the
+    /// arguments (`merged`: the call's arguments with the answers in
+    /// `params`): only `params` and the transfer plan depend on them; every
+    /// other gate's verdict stands.
+    pub fn answered(mut self, cx: &Context<'_, N>, merged: Value) -> Admission<N> {
+        self.params = params(arguments(merged).params);
+        self.transfer = crate::transfers::plan(cx.transfers, self.action, &self.params, self.input_file.as_deref());
+        self
+    }
+}
+
+/// A call a gate refused.
+#[derive(Debug)]
+pub struct Refused {
+    pub step: Step,
+    pub reply: ToolReply,
+    /// For a refusal the audit log records (the policy's): the action as
+    /// the caller wrote it, and the catalog's (boxed: refusals are passed
+    /// by value and this one is rare).
+    pub audited: Option<Box<(String, &'static Action)>>,
+}
+
+impl Refused {
+    fn at(step: Step) -> impl FnOnce(ToolReply) -> Refused {
+        move |reply| Refused { step, reply, audited: None }
+    }
+
+    /// The `reason` of the `refused` audit record, for a refusal that has one.
+    pub fn audit_reason(&self) -> Option<&'static str> {
+        match self.step {
+            Step::Policy => Some("policy_denied"),
+            _ => None,
+        }
+    }
+}
+
+/// A background task runs stream actions only.
+pub fn stream(action: &Action) -> Result<(), ToolReply> {
+    if action.stream {
+        return Ok(());
+    }
+    Err(ToolReply::error(
+        Diagnostics::failed(
+            FailureKind::InvalidArguments,
+            format!(
+                "{} 不是 Stream Action（not a stream action）；后台任务只运行目录中的 Stream Action。",
+                action.name
+            ),
+        )
+        .with_next_step("Use invoke_action for ordinary actions."),
+    ))
+}
+
+/// Every gate, once, in Node's order (see [`Step`]): the admission the call
+/// runs on, or the first refusal.
+pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: Args) -> Result<Admission<N>, Refused> {
+    // The mode first (re-checked on every call), as Node.
+    if !spec.modes.contains(cx.mode) {
+        return Err(Refused::at(Step::Mode)(mode_refusal(spec.modes)));
+    }
+    let mut args = exec_arguments(args);
+    let network = endpoint(cx.network).map_err(Refused::at(Step::Endpoint))?.clone();
+    let action = catalog_action(cx.catalog, &args.action).map_err(Refused::at(Step::Catalog))?;
+    read_only(spec.handler.read_only_tool(), action, &args.action).map_err(Refused::at(Step::ReadOnly))?;
+    execution(&mut args, action).map_err(Refused::at(Step::Execution))?;
+    if entry == Entry::Background {
+        stream(action).map_err(Refused::at(Step::Stream))?;
+    }
+    let params = params(args.params.take());
+    let transfer = crate::transfers::plan(cx.transfers, action, &params, args.input_file());
+    let transfer = match transfer {
+        Err(reply) if entry == Entry::Call => return Err(Refused::at(Step::Transfer)(reply)),
+        t => t,
+    };
+    if let Err(reply) = policy(cx.policy, action) {
+        // A failed plan comes first in the order: it is the refusal.
+        return Err(match transfer {
+            Err(plan) => Refused::at(Step::Transfer)(plan),
+            Ok(_) => Refused { step: Step::Policy, reply, audited: Some(Box::new((args.action, action))) },
+        });
+    }
+    // hook: target scope, send pacing and confirmation of destructive
+    // actions run here, after the policy, each refusing with its own Step.
+    Ok(Admission { network, action, given: args.action, params, input_file: args.input_file, transfer })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -469,5 +630,68 @@ mod tests {
         assert_eq!(kind(&r), Some(FailureKind::ModeForbidden));
         assert_eq!(text(&r), "写操作未启用：需设置 SNOWLUMA_MCP_MODE=write。");
         assert_eq!(text(&mode_refusal(Modes::READ_WRITE)), "执行未启用：需配置 SNOWLUMA_MCP_ENDPOINT。");
+    }
+
+    /// `admit` runs the gates once, in Node's order, for every entry: the
+    /// first refusal names its step; only the policy's is audited; a failed
+    /// transfer plan refuses a direct call at once, and a later-running one
+    /// only when the policy refuses too.
+    #[test]
+    fn admit_runs_every_gate_once_in_order() {
+        use crate::tools::{INVOKE_ACTION, INVOKE_ACTION_BACKGROUND, INVOKE_ACTION_WITH_INPUT, QUERY_ACTION};
+        let open = Policy::from_config(catalog(), None, None).unwrap();
+        let deny = Policy::from_config(catalog(), None, Some("upload_file_stream,get_status")).unwrap();
+        let cx = |mode, network, policy| Context { mode, network, catalog: catalog(), policy, transfers: None };
+        let write = cx(Mode::Write, Some(&1u8), &open);
+        let step = |cx: &Context<'_, u8>, spec, entry, args: Value| {
+            admit(cx, spec, entry, args.into()).map(|a| a.action.name.clone()).map_err(|r| (r.step, r.audit_reason()))
+        };
+        assert_eq!(
+            step(&cx(Mode::Read, Some(&1), &open), INVOKE_ACTION, Entry::Call, json!({})),
+            Err((Step::Mode, None))
+        );
+        assert_eq!(
+            step(&cx(Mode::Write, None, &open), INVOKE_ACTION, Entry::Call, json!({})),
+            Err((Step::Endpoint, None))
+        );
+        assert_eq!(step(&write, INVOKE_ACTION, Entry::Call, json!({"action": 1})), Err((Step::Catalog, None)));
+        let send = json!({"action": "send_group_sign"});
+        assert_eq!(step(&write, QUERY_ACTION, Entry::Call, send.clone()), Err((Step::ReadOnly, None)));
+        assert_eq!(
+            step(&write, INVOKE_ACTION, Entry::Call, json!({"action": "get_status", "execution": 1})),
+            Err((Step::Execution, None))
+        );
+        assert_eq!(step(&write, INVOKE_ACTION_BACKGROUND, Entry::Background, send.clone()), Err((Step::Stream, None)));
+        assert_eq!(step(&write, INVOKE_ACTION, Entry::Call, send).unwrap(), "set_group_sign", "an alias resolves");
+        let denied = cx(Mode::Write, Some(&1), &deny);
+        let status = json!({"action": "get_status", "params": [1]});
+        assert_eq!(
+            step(&denied, INVOKE_ACTION, Entry::Call, status.clone()),
+            Err((Step::Policy, Some("policy_denied")))
+        );
+        let r = admit(&denied, INVOKE_ACTION_WITH_INPUT, Entry::WithInput, status.into()).unwrap_err();
+        assert_eq!(r.audited.map(|b| (b.0, b.1.name.clone())), Some(("get_status".into(), "get_status".into())));
+        // An automatic upload this server cannot do (no upload root).
+        let upload = json!({"action": "upload_file_stream", "execution": {"input_file": "f"}});
+        assert_eq!(step(&write, INVOKE_ACTION, Entry::Call, upload.clone()), Err((Step::Transfer, None)));
+        for (spec, entry) in
+            [(INVOKE_ACTION_WITH_INPUT, Entry::WithInput), (INVOKE_ACTION_BACKGROUND, Entry::Background)]
+        {
+            let a = admit(&write, spec, entry, upload.clone().into()).unwrap();
+            assert_eq!(a.input_file.as_deref(), Some("f"));
+            assert_eq!(kind(&a.transfer.unwrap_err()), Some(FailureKind::NotConfigured));
+            assert_eq!(step(&denied, spec, entry, upload.clone()), Err((Step::Transfer, None)), "the plan comes first");
+        }
+        // Answers change the params (and so the plan), nothing else.
+        let a = admit(
+            &write,
+            INVOKE_ACTION_WITH_INPUT,
+            Entry::WithInput,
+            json!({"action": "get_status", "params": null}).into(),
+        )
+        .unwrap();
+        let a = a.answered(&write, json!({"action": "get_status", "params": {"x": 1}}));
+        assert_eq!((a.given.as_str(), a.params.to_value()), ("get_status", json!({"x": 1})));
+        assert!(matches!(a.transfer, Ok(None)));
     }
 }

@@ -5,6 +5,7 @@
 //! it too.
 
 mod audit;
+mod background;
 mod completion;
 mod completion_flow;
 mod dirs;
@@ -21,6 +22,7 @@ mod runtime;
 mod server;
 mod session;
 mod startup;
+mod state;
 mod stdio;
 mod tasks;
 mod tools;

@@ -326,6 +326,23 @@ pub fn result_schema() -> Value {
     })
 }
 
+/// `preview_message`: a draft and whether this server would send it.
+/// Contacts nothing (no worker, no network, no audit record).
+pub(crate) fn tool_call(state: &crate::state::ServerState, args: &Value) -> ToolReply {
+    let draft = match parse(args) {
+        Ok(d) => d,
+        Err(reply) => return reply,
+    };
+    let blocked = send_blocked_by(
+        state.config.mode,
+        state.workers.network.is_some(),
+        &state.policy,
+        state.catalog,
+        draft.action(),
+    );
+    ToolReply::ok(&result(&draft, blocked))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

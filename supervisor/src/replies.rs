@@ -11,6 +11,9 @@ use snowluma_proto::{Diagnostics, FailureKind, Reply, ToolReply, WorkerError};
 use crate::trace::CallTrace;
 use crate::workers::CallError;
 
+/// Five minutes, the spec's lifetime for list and catalog results.
+pub(crate) const CACHE_TTL_MS: u64 = 5 * 60 * 1000;
+
 /// Whether the request speaks the modern (2026-07-28 and later) protocol.
 pub(crate) fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
     ctx.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)

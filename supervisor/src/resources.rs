@@ -13,11 +13,12 @@ use snowluma_catalog::{ACTION_URI_TEMPLATE, CATALOG_URI};
 use snowluma_proto::{Reply, Request, WorkerError};
 
 use crate::events::{EventHub, EventsError};
+use crate::replies::CACHE_TTL_MS;
 use crate::replies::is_modern;
-use crate::server::{CACHE_TTL_MS, SnowlumaServer};
+use crate::state::ServerState;
 
 /// The bodies of the `ServerHandler` resource requests.
-impl SnowlumaServer {
+impl ServerState {
     pub(crate) async fn resource_list(
         &self,
         _request: Option<PaginatedRequestParams>,

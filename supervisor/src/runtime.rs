@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
 use tokio_util::sync::CancellationToken;
 
-use crate::server::SnowlumaServer;
+use crate::state::ServerState;
 use crate::trace::CallTrace;
 use snowluma_config::Mode;
 
@@ -39,12 +39,12 @@ snowluma_catalog::tool_args! {
     }
 }
 
-pub fn download_dir(server: &SnowlumaServer) -> std::path::PathBuf {
+pub fn download_dir(server: &ServerState) -> std::path::PathBuf {
     server.config().stream_dir_path.clone()
 }
 
 pub async fn runtime_info(
-    server: &SnowlumaServer,
+    server: &ServerState,
     args: Value,
     cancel: &CancellationToken,
     trace: &CallTrace,
@@ -90,7 +90,7 @@ pub async fn runtime_info(
         "mode": cfg.mode.as_str(),
         "execution_enabled": executes,
         "write_enabled": cfg.mode == Mode::Write,
-        "server": {"name": crate::server::SERVER_NAME, "version": crate::server::SERVER_VERSION},
+        "server": {"name": crate::state::SERVER_NAME, "version": crate::state::SERVER_VERSION},
         "catalog": {"version": catalog.version, "action_count": catalog.actions.len(), "server_support": "unknown"},
         "transport": transport,
         "connection_checked": false,

@@ -1,6 +1,8 @@
 //! The MCP face of the supervisor: the server, its constructor and the rmcp
-//! `ServerHandler` that lists tools per mode and dispatches each request (the
-//! execution path is `execution.rs`, resources `resources.rs`).
+//! `ServerHandler` that lists tools per mode and dispatches each request to
+//! the server's state (`state.rs`): the execution path is `execution.rs`,
+//! the `_with_input` flow `completion_flow.rs`, background tasks
+//! `background.rs`, resources `resources.rs`.
 //!
 //! The gates run in the trusted process and use the catalog compiled into
 //! this binary, never an answer from a worker: a compromised catalog worker
@@ -18,69 +20,30 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use snowluma_catalog::Catalog;
 use snowluma_proto::{FailureKind, ToolReply};
-use tokio_util::sync::CancellationToken;
 
 use crate::audit::AuditLog;
-use crate::completion::{self, StateError};
+use crate::completion::StateError;
 use crate::completion_flow::{Completion, state_error};
-use crate::events::{EventHub, EventsError};
 use crate::execution::ProgressSink;
 use crate::gates;
 use crate::policy::Policy;
-use crate::replies::{is_modern, render};
+use crate::replies::{CACHE_TTL_MS, is_modern, render};
 use crate::resources::events_error;
+use crate::state::ServerState;
+pub use crate::state::{SERVER_NAME, SERVER_VERSION, Services, Workers};
 use crate::tools::{self, Handler, ToolSpec};
 use crate::trace::CallTrace;
-use crate::transfers::TransferService;
-use crate::workers::WorkerSlot;
 use snowluma_config::Config;
-
-/// Five minutes, the spec's lifetime for list and catalog results.
-pub(crate) const CACHE_TTL_MS: u64 = 5 * 60 * 1000;
-
-pub const SERVER_NAME: &str = "snowluma-mcp";
-pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub fn implementation() -> Implementation {
     Implementation::new(SERVER_NAME, SERVER_VERSION)
 }
 
-pub struct Workers {
-    pub catalog: Arc<WorkerSlot>,
-    pub network: Option<Arc<WorkerSlot>>,
-}
-
+/// The MCP server: its state (`state.rs`), shared with the background
+/// tasks that outlive a request.
 pub struct SnowlumaServer {
-    pub(crate) config: Arc<Config>,
-    pub(crate) workers: Workers,
-    pub(crate) catalog: &'static Catalog,
-    pub(crate) policy: Policy,
-    pub(crate) audit: Option<AuditLog>,
-    /// File transfers (write mode with a download directory).
-    pub(crate) transfers: Option<Arc<TransferService>>,
-    /// Outstanding input-completion continuations (`completion.rs`).
-    pub(crate) continuations: completion::Continuations,
-    /// Live event resources, when `SNOWLUMA_MCP_EVENTS_URL` is configured
-    /// (read and write modes).
-    pub(crate) events: Option<Arc<EventHub>>,
-    /// Persistent background transfers (write mode with a task directory).
-    pub(crate) tasks: Option<Arc<crate::tasks::TaskService>>,
-    /// This server, for transfers that outlive their request.
-    pub(crate) me: std::sync::OnceLock<std::sync::Weak<SnowlumaServer>>,
-}
-
-/// The services a server may have beside its workers.
-pub struct Services {
-    /// File transfers (write mode with a download directory).
-    pub transfers: Option<Arc<TransferService>>,
-    /// Input-completion continuations (always).
-    pub continuations: completion::Continuations,
-    /// Persistent background transfers (write mode with a task directory).
-    pub tasks: Option<Arc<crate::tasks::TaskService>>,
-    /// Live event resources (with an events URL).
-    pub events: Option<Arc<EventHub>>,
+    state: Arc<ServerState>,
 }
 
 impl SnowlumaServer {
@@ -91,138 +54,11 @@ impl SnowlumaServer {
         audit: Option<AuditLog>,
         services: Services,
     ) -> Arc<SnowlumaServer> {
-        let Services { transfers, continuations, tasks, events } = services;
-        let server = Arc::new(SnowlumaServer {
-            config,
-            workers,
-            catalog: Catalog::bundled(),
-            policy,
-            audit,
-            transfers,
-            continuations,
-            events,
-            tasks,
-            me: std::sync::OnceLock::new(),
-        });
-        let _ = server.me.set(Arc::downgrade(&server));
-        server
-    }
-
-    /// `subscribe_events` / `unsubscribe_events`.
-    async fn events_call(&self, hub: &EventHub, handler: Handler, args: Value) -> ToolReply {
-        let result = match handler {
-            Handler::SubscribeEvents => hub.subscribe(&args).await,
-            _ => match args.as_object().filter(|o| o.len() == 1).and_then(|o| o.get("uri")).and_then(Value::as_str) {
-                Some(uri) => hub.release(uri).map(|()| json!({"released": uri})),
-                None => Err(EventsError::InvalidArguments("expected exactly {\"uri\": <string>}".into())),
-            },
-        };
-        match result {
-            Ok(v) => ToolReply::ok(&v),
-            Err(e @ (EventsError::InvalidArguments(_) | EventsError::NotFound | EventsError::BadCursor(_))) => {
-                ToolReply::fail(FailureKind::InvalidArguments, e.to_string())
-            }
-            Err(e) => ToolReply::fail(FailureKind::Execution, e.to_string()),
-        }
-    }
-
-    /// This server's file transfers, when it has any.
-    pub(crate) fn transfers(&self) -> Option<&TransferService> {
-        self.transfers.as_deref()
-    }
-
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
-    /// Whether live event resources are served (configured, and a mode that executes).
-    pub fn events_enabled(&self) -> bool {
-        self.events.is_some()
+        Arc::new(SnowlumaServer { state: Arc::new(ServerState::new(config, workers, policy, audit, services)) })
     }
 
     pub fn audit_enabled(&self) -> bool {
-        self.audit.is_some()
-    }
-
-    async fn list_tasks(&self, args: Value) -> ToolReply {
-        let Some(tasks) = &self.tasks else {
-            return ToolReply::fail(FailureKind::Execution, "persistent tasks are not configured".to_owned());
-        };
-        let cursor = match args.get("cursor") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(c)) => Some(c.clone()),
-            Some(_) => return ToolReply::fail(FailureKind::InvalidArguments, "cursor 必须是字符串。".to_owned()),
-        };
-        let limit = match args.get("limit") {
-            None | Some(Value::Null) => 50,
-            Some(v) => match v.as_u64() {
-                Some(n @ 1..=100) => n as u32,
-                _ => {
-                    return ToolReply::fail(
-                        FailureKind::InvalidArguments,
-                        "limit 必须是 1 到 100 之间的整数。".to_owned(),
-                    );
-                }
-            },
-        };
-        if let Some(extra) = args.as_object().and_then(|o| o.keys().find(|k| *k != "cursor" && *k != "limit")) {
-            return ToolReply::fail(
-                FailureKind::InvalidArguments,
-                format!("未知参数: {}", snowluma_catalog::json_echo(extra)),
-            );
-        }
-        match tasks.list(cursor, limit).await {
-            Ok(page) => ToolReply::ok(&page),
-            Err(e) => ToolReply::fail(FailureKind::Execution, e.to_string()),
-        }
-    }
-
-    /// `preview_message`: a draft and whether this server would send it.
-    /// Contacts nothing (no worker, no network, no audit record).
-    fn preview(&self, args: &Value) -> ToolReply {
-        let draft = match crate::preview::parse(args) {
-            Ok(d) => d,
-            Err(reply) => return reply,
-        };
-        let blocked = crate::preview::send_blocked_by(
-            self.config.mode,
-            self.workers.network.is_some(),
-            &self.policy,
-            self.catalog,
-            draft.action(),
-        );
-        ToolReply::ok(&crate::preview::result(&draft, blocked))
-    }
-
-    async fn runtime_info(&self, args: Value, cancel: &CancellationToken, trace: &CallTrace) -> ToolReply {
-        crate::runtime::runtime_info(self, args, cancel, trace).await
-    }
-
-    fn tasks_for(&self, ctx: &RequestContext<RoleServer>) -> Result<&crate::tasks::TaskService, McpError> {
-        match &self.tasks {
-            None => Err(McpError::new(
-                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-                "persistent tasks are not configured on this server",
-                None,
-            )),
-            Some(_) if !crate::tasks::declared(ctx) => Err(crate::tasks::not_declared()),
-            Some(t) => Ok(t),
-        }
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    pub fn catalog(&self) -> &'static Catalog {
-        self.catalog
-    }
-
-    /// Run a read-only action for the runtime overview, through the same
-    /// gates as `query_action`.
-    pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
-        self.exec_call(tools::QUERY_ACTION, json!({"action": action, "params": {}}), trace, cancel, ProgressSink::None)
-            .await
+        self.state.audit_enabled()
     }
 }
 
@@ -231,10 +67,10 @@ impl ServerHandler for SnowlumaServer {
         // Resource subscriptions (modern listen, legacy subscribe) exist
         // only for live event resources; tasks only with a task directory.
         let mut caps = ServerCapabilities::builder().enable_tools().enable_resources();
-        if self.events.is_some() {
+        if self.state.events.is_some() {
             caps = caps.enable_resources_subscribe();
         }
-        if self.tasks.is_some() {
+        if self.state.tasks.is_some() {
             caps = caps.enable_tasks();
         }
         let caps = caps.build();
@@ -259,8 +95,9 @@ impl ServerHandler for SnowlumaServer {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut listed = tools::listed(self.config.mode, self.events.is_some(), crate::preview::ui_declared(&ctx));
-        if self.tasks.is_some() && crate::tasks::declared(&ctx) {
+        let mut listed =
+            tools::listed(self.state.config.mode, self.state.events.is_some(), crate::preview::ui_declared(&ctx));
+        if self.state.tasks.is_some() && crate::tasks::declared(&ctx) {
             listed.extend(tools::TASK_TOOLS.iter().copied().map(tools::definition));
         }
         let mut res = ListToolsResult::with_all_items(listed);
@@ -277,12 +114,13 @@ impl ServerHandler for SnowlumaServer {
     ) -> Result<CallToolResponse, McpError> {
         let started = Instant::now();
         let trace = CallTrace::from_meta(&ctx.meta);
-        let Some(spec) = tools::find(&request.name).filter(|t| self.events.is_some() || !t.handler.needs_events())
+        let Some(spec) =
+            tools::find(&request.name).filter(|t| self.state.events.is_some() || !t.handler.needs_events())
         else {
             return Err(McpError::invalid_params(
                 format!("未知工具: {}", snowluma_catalog::plain_echo(&request.name)),
                 Some(
-                    json!({"tools": tools::listed(self.config.mode, self.events.is_some(), false).iter().map(|t| t.name.clone()).collect::<Vec<_>>()}),
+                    json!({"tools": tools::listed(self.state.config.mode, self.state.events.is_some(), false).iter().map(|t| t.name.clone()).collect::<Vec<_>>()}),
                 ),
             ));
         };
@@ -302,14 +140,14 @@ impl ServerHandler for SnowlumaServer {
         let forwards = matches!(spec.handler, Handler::Doc | Handler::Query | Handler::Invoke);
         let args = if forwards { Value::Null } else { text_args.clone().into_value() };
         let task_tool = matches!(spec.handler, Handler::Background | Handler::ListTasks);
-        if task_tool && (self.tasks.is_none() || !crate::tasks::declared(&ctx)) {
-            if self.tasks.is_none() {
+        if task_tool && (self.state.tasks.is_none() || !crate::tasks::declared(&ctx)) {
+            if self.state.tasks.is_none() {
                 return Err(McpError::invalid_params(format!("未知工具: {}（未配置持久任务）", spec.name), None));
             }
             return Err(crate::tasks::not_declared());
         }
-        if spec.handler == Handler::Background && spec.modes.contains(self.config.mode) {
-            let reply = match self.background(spec, args, &trace).await {
+        if spec.handler == Handler::Background && spec.modes.contains(self.state.config.mode) {
+            let reply = match self.state.background(spec, args, &trace).await {
                 Ok(task) => {
                     log_answered(spec, &trace, "task", started);
                     return Ok(CallToolResponse::Task(task));
@@ -318,38 +156,34 @@ impl ServerHandler for SnowlumaServer {
             };
             return Ok(render(reply, &trace).into());
         }
-        let reply = if !spec.modes.contains(self.config.mode) {
-            gates::mode_refusal(spec.modes)
-        } else {
-            match spec.handler {
-                Handler::Doc => self.doc_call(spec.name, text_args, &ctx.ct).await,
-                Handler::Query | Handler::Invoke => {
-                    self.exec_call(spec, text_args, &trace, &ctx.ct, ProgressSink::client(&ctx)).await
-                }
-                Handler::QueryWithInput | Handler::InvokeWithInput => {
-                    let input = (request.input_responses, request.request_state);
-                    match self.with_input(spec, args, input, &ctx, &trace).await? {
-                        Completion::Done(reply) => reply,
-                        Completion::Ask(result) => {
-                            log_answered(spec, &trace, "input_required", started);
-                            return Ok(result.into());
-                        }
-                    }
-                }
-                Handler::RuntimeInfo => self.runtime_info(args, &ctx.ct, &trace).await,
-                Handler::SubscribeEvents | Handler::UnsubscribeEvents => match &self.events {
-                    Some(hub) => self.events_call(hub, spec.handler, args).await,
-                    None => {
-                        ToolReply::fail(FailureKind::NotConfigured, "未配置实时事件（需 SNOWLUMA_MCP_EVENTS_URL）。")
-                    }
-                },
-                Handler::Background => ToolReply::fail(
-                    FailureKind::Execution,
-                    "后台任务需要写模式（SNOWLUMA_MCP_MODE=write）。".to_owned(),
-                ),
-                Handler::ListTasks => self.list_tasks(args).await,
-                Handler::Preview => self.preview(&args),
+        // The execution tools' mode is the first of their gates
+        // (`gates::admit`); every other tool's is checked here.
+        let reply = match spec.handler {
+            Handler::Query | Handler::Invoke => {
+                self.state.exec_call(spec, text_args, &trace, &ctx.ct, ProgressSink::client(&ctx)).await
             }
+            Handler::QueryWithInput | Handler::InvokeWithInput => {
+                let input = (request.input_responses, request.request_state);
+                match self.state.with_input(spec, args, input, &ctx, &trace).await? {
+                    Completion::Done(reply) => reply,
+                    Completion::Ask(result) => {
+                        log_answered(spec, &trace, "input_required", started);
+                        return Ok(result.into());
+                    }
+                }
+            }
+            _ if !spec.modes.contains(self.state.config.mode) => gates::mode_refusal(spec.modes),
+            Handler::Doc => self.state.doc_call(spec.name, text_args, &ctx.ct).await,
+            Handler::RuntimeInfo => crate::runtime::runtime_info(&self.state, args, &ctx.ct, &trace).await,
+            Handler::SubscribeEvents | Handler::UnsubscribeEvents => match &self.state.events {
+                Some(hub) => crate::events::tool_call(hub, spec.handler, args).await,
+                None => ToolReply::fail(FailureKind::NotConfigured, "未配置实时事件（需 SNOWLUMA_MCP_EVENTS_URL）。"),
+            },
+            Handler::Background => {
+                ToolReply::fail(FailureKind::Execution, "后台任务需要写模式（SNOWLUMA_MCP_MODE=write）。".to_owned())
+            }
+            Handler::ListTasks => self.state.list_tasks(args).await,
+            Handler::Preview => crate::preview::tool_call(&self.state, &args),
         };
         log_call(spec, &trace, &reply, started);
         Ok(render(reply, &trace).into())
@@ -360,7 +194,7 @@ impl ServerHandler for SnowlumaServer {
         request: rmcp::model::GetTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, McpError> {
-        let tasks = self.tasks_for(&ctx)?;
+        let tasks = self.state.tasks_for(&ctx)?;
         let mut record = tasks.get(&request.task_id).await.map_err(|e| e.to_mcp())?;
         if record.status == snowluma_proto::task::TaskStatus::Working
             && let Some(m) = tasks.progress_message(&record.task_id)
@@ -375,7 +209,7 @@ impl ServerHandler for SnowlumaServer {
         request: rmcp::model::CancelTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let tasks = self.tasks_for(&ctx)?;
+        let tasks = self.state.tasks_for(&ctx)?;
         tasks.cancel(&request.task_id).await.map(|_| ()).map_err(|e| e.to_mcp())
     }
 
@@ -384,7 +218,7 @@ impl ServerHandler for SnowlumaServer {
         request: rmcp::model::UpdateTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let tasks = self.tasks_for(&ctx)?;
+        let tasks = self.state.tasks_for(&ctx)?;
         // Background transfers never request input: there is no outstanding
         // input request to answer, so every response is ignored (the spec's
         // rule for unknown keys); an unknown task is an error.
@@ -396,7 +230,7 @@ impl ServerHandler for SnowlumaServer {
         request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        self.resource_list(request, ctx).await
+        self.state.resource_list(request, ctx).await
     }
 
     async fn list_resource_templates(
@@ -404,7 +238,7 @@ impl ServerHandler for SnowlumaServer {
         request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        self.resource_templates(request, ctx).await
+        self.state.resource_templates(request, ctx).await
     }
 
     async fn read_resource(
@@ -412,7 +246,7 @@ impl ServerHandler for SnowlumaServer {
         request: ReadResourceRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        self.resource_read(request, ctx).await
+        self.state.resource_read(request, ctx).await
     }
 
     fn accepted_subscription_filter(
@@ -426,7 +260,7 @@ impl ServerHandler for SnowlumaServer {
         // another session's, or no event resource at all) is left out of
         // the acknowledgement, so the client is never told it will hear of
         // it. A resource created later needs a new listen.
-        let hub = self.events.as_ref()?;
+        let hub = self.state.events.as_ref()?;
         let mut accepted = requested.clone();
         if let Some(uris) = &requested.resource_subscriptions {
             let live: std::collections::HashSet<String> = hub.list().into_iter().map(|(uri, _)| uri).collect();
@@ -436,7 +270,7 @@ impl ServerHandler for SnowlumaServer {
     }
 
     async fn listen(&self, ctx: rmcp::service::SubscriptionContext) -> Result<(), McpError> {
-        let Some(hub) = &self.events else {
+        let Some(hub) = &self.state.events else {
             ctx.cancelled().await;
             return Ok(());
         };
@@ -453,7 +287,7 @@ impl ServerHandler for SnowlumaServer {
         request: rmcp::model::SubscribeRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let Some(hub) = &self.events else {
+        let Some(hub) = &self.state.events else {
             return Err(McpError::invalid_params("resource subscriptions are only offered for event resources", None));
         };
         hub.legacy_subscribe(&request.uri, ctx.peer.clone()).map_err(|e| events_error(e, &request.uri))
@@ -465,7 +299,7 @@ impl ServerHandler for SnowlumaServer {
         request: rmcp::model::UnsubscribeRequestParams,
         _ctx: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let Some(hub) = &self.events else {
+        let Some(hub) = &self.state.events else {
             return Err(McpError::invalid_params("resource subscriptions are only offered for event resources", None));
         };
         hub.release(&request.uri).map_err(|e| events_error(e, &request.uri))

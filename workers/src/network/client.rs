@@ -228,7 +228,7 @@ fn answer(status: u16, mut body: Vec<u8>) -> Result<ToolReply, ExecFailure> {
     // V8 parses any depth; JSON.stringify of the result then overflows
     // Node's stack. We cannot represent more than MAX_RESPONSE_DEPTH levels.
     let too_deep = || ExecFailure::invalid(MAX_CALL_STACK);
-    let Some(diag) = classify_body(&body) else {
+    let Some(envelope) = classify_body(&body) else {
         let text = std::str::from_utf8(&body).map_err(|_| non_json())?;
         // `text ? JSON.parse(text) : null`: an empty body is null.
         if text.is_empty() {
@@ -248,7 +248,12 @@ fn answer(status: u16, mut body: Vec<u8>) -> Result<ToolReply, ExecFailure> {
     }
     // Valid JSON is valid UTF-8, so this never copies.
     let text = String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-    Ok(ToolReply { result: Some(JsonText(text)), diagnostics: diag, is_error: false })
+    Ok(ToolReply {
+        result: Some(JsonText(text)),
+        diagnostics: envelope.diagnostics,
+        is_error: false,
+        retcode: envelope.retcode,
+    })
 }
 
 enum BodyError {
@@ -291,6 +296,9 @@ mod tests {
         assert_eq!(text(answer(200, deep.into_bytes())), "Maximum call stack size exceeded");
         let deep_array = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
         assert_eq!(text(answer(200, deep_array.into_bytes())), "OneBot returned an unexpected response (HTTP 200)");
+        // The reply carries the envelope's retcode, as the result has it.
+        assert_eq!(answer(401, env.into()).unwrap().retcode, Some(Box::new(JsonText("1401".into()))));
+        assert_eq!(answer(200, b"{\"a\":1}".to_vec()).unwrap().retcode, None);
         // Invalid UTF-8 inside a string is replaced, as res.text() does.
         let r = answer(200, b"{\"a\":\"\xff\"}".to_vec()).unwrap();
         assert_eq!(r.result.unwrap().0, "{\"a\":\"\u{fffd}\"}");

@@ -4,7 +4,7 @@
 //! a response may have.
 
 use serde_json::Value;
-use snowluma_proto::{Diagnostics, FailureKind};
+use snowluma_proto::{Diagnostics, FailureKind, JsonText};
 
 /// SnowLuma's wording is copied into `diagnostics.message` up to this many
 /// characters (the whole envelope, wording included, stays in the result).
@@ -73,9 +73,18 @@ struct EnvelopeFields {
     msg: Option<Value>,
 }
 
+/// What the supervisor needs of a response body besides its text: the
+/// outcome, and the `retcode` its audit record keeps.
+#[derive(Debug, PartialEq)]
+pub(super) struct Envelope {
+    pub diagnostics: Diagnostics,
+    /// The `retcode` member as JSON text (`None` when absent or `null`).
+    pub retcode: Option<Box<JsonText>>,
+}
+
 /// Classify a response body that must be a JSON object; `None` when it is
 /// not one (the caller reports why). Same answers as [`classify`].
-pub(super) fn classify_body(body: &[u8]) -> Option<Diagnostics> {
+pub(super) fn classify_body(body: &[u8]) -> Option<Envelope> {
     // A derived struct would also accept an array (fields by position).
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
@@ -86,15 +95,16 @@ pub(super) fn classify_body(body: &[u8]) -> Option<Diagnostics> {
         // duplicate key): the general path decides.
         Err(_) => {
             let v: Value = serde_json::from_slice(body).ok()?;
-            return v.is_object().then(|| classify(&v));
+            return v.is_object().then(|| Envelope {
+                diagnostics: classify(&v),
+                retcode: v.get("retcode").filter(|r| !r.is_null()).map(|r| Box::new(JsonText::from_value(r))),
+            });
         }
     };
     let wording = first_wording([&f.wording, &f.message, &f.msg].map(|v| v.as_ref().and_then(Value::as_str)));
-    Some(classify_fields(
-        f.status.as_ref().and_then(Value::as_str),
-        f.retcode.as_ref().and_then(Value::as_i64),
-        wording,
-    ))
+    let diagnostics =
+        classify_fields(f.status.as_ref().and_then(Value::as_str), f.retcode.as_ref().and_then(Value::as_i64), wording);
+    Some(Envelope { diagnostics, retcode: f.retcode.as_ref().map(|r| Box::new(JsonText::from_value(r))) })
 }
 
 fn classify_fields(status: Option<&str>, retcode: Option<i64>, wording: Option<String>) -> Diagnostics {
@@ -171,8 +181,14 @@ mod tests {
             r#"{"status":"ok","status":"failed","retcode":0}"#,
         ] {
             let v: Value = serde_json::from_str(body).unwrap();
-            assert_eq!(classify_body(body.as_bytes()), Some(classify(&v)), "{body}");
+            let env = classify_body(body.as_bytes()).unwrap();
+            assert_eq!(env.diagnostics, classify(&v), "{body}");
+            let retcode = env.retcode.map(|t| t.parse().unwrap());
+            assert_eq!(retcode.as_ref(), v.get("retcode"), "{body}");
         }
+        let dup = classify_body(br#"{"retcode":1,"retcode":"2","status":"ok"}"#).unwrap();
+        assert_eq!(dup.retcode.map(|t| t.0).as_deref(), Some(r#""2""#), "the last member, as the parsed result has it");
+        assert_eq!(classify_body(br#"{"retcode":null}"#).unwrap().retcode, None);
         for not_object in [&b"[1,2]"[..], b"\"ok\"", b"{\"status\":", b"", b"{} x"] {
             assert_eq!(classify_body(not_object), None);
         }

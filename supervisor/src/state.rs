@@ -1,0 +1,116 @@
+//! What a server holds: its configuration, workers, policy, audit log and
+//! services. The execution path (`execution.rs`), the `_with_input` flow
+//! (`completion_flow.rs`), background tasks (`background.rs`), resources
+//! (`resources.rs`) and `get_runtime_info` (`runtime.rs`) work on this;
+//! `server.rs` wraps it in the rmcp `ServerHandler` and dispatches to them.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use snowluma_catalog::Catalog;
+use snowluma_proto::ToolReply;
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::AuditLog;
+use crate::completion;
+use crate::events::EventHub;
+use crate::execution::ProgressSink;
+use crate::policy::Policy;
+use crate::tools;
+use crate::trace::CallTrace;
+use crate::transfers::TransferService;
+use crate::workers::WorkerSlot;
+use snowluma_config::Config;
+
+pub const SERVER_NAME: &str = "snowluma-mcp";
+pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub struct Workers {
+    pub catalog: Arc<WorkerSlot>,
+    pub network: Option<Arc<WorkerSlot>>,
+}
+
+/// The services a server may have beside its workers.
+pub struct Services {
+    /// File transfers (write mode with a download directory).
+    pub transfers: Option<Arc<TransferService>>,
+    /// Input-completion continuations (always).
+    pub continuations: completion::Continuations,
+    /// Persistent background transfers (write mode with a task directory).
+    pub tasks: Option<Arc<crate::tasks::TaskService>>,
+    /// Live event resources (with an events URL).
+    pub events: Option<Arc<EventHub>>,
+}
+
+pub struct ServerState {
+    pub(crate) config: Arc<Config>,
+    pub(crate) workers: Workers,
+    pub(crate) catalog: &'static Catalog,
+    pub(crate) policy: Policy,
+    pub(crate) audit: Option<AuditLog>,
+    /// File transfers (write mode with a download directory).
+    pub(crate) transfers: Option<Arc<TransferService>>,
+    /// Outstanding input-completion continuations (`completion.rs`).
+    pub(crate) continuations: completion::Continuations,
+    /// Live event resources, when `SNOWLUMA_MCP_EVENTS_URL` is configured
+    /// (read and write modes).
+    pub(crate) events: Option<Arc<EventHub>>,
+    /// Persistent background transfers (write mode with a task directory).
+    pub(crate) tasks: Option<Arc<crate::tasks::TaskService>>,
+}
+
+impl ServerState {
+    pub fn new(
+        config: Arc<Config>,
+        workers: Workers,
+        policy: Policy,
+        audit: Option<AuditLog>,
+        services: Services,
+    ) -> ServerState {
+        let Services { transfers, continuations, tasks, events } = services;
+        ServerState {
+            config,
+            workers,
+            catalog: Catalog::bundled(),
+            policy,
+            audit,
+            transfers,
+            continuations,
+            events,
+            tasks,
+        }
+    }
+
+    /// This server's file transfers, when it has any.
+    pub(crate) fn transfers(&self) -> Option<&TransferService> {
+        self.transfers.as_deref()
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Whether live event resources are served (configured, and a mode that executes).
+    pub fn events_enabled(&self) -> bool {
+        self.events.is_some()
+    }
+
+    pub fn audit_enabled(&self) -> bool {
+        self.audit.is_some()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn catalog(&self) -> &'static Catalog {
+        self.catalog
+    }
+
+    /// Run a read-only action for the runtime overview, through the same
+    /// gates as `query_action`.
+    pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
+        self.exec_call(tools::QUERY_ACTION, json!({"action": action, "params": {}}), trace, cancel, ProgressSink::None)
+            .await
+    }
+}
