@@ -27,10 +27,10 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::control::{Channel, FrontSetup, ToFront, ToLauncher, TokenDigest};
 use super::door::{self, Door};
 use super::message::{self, ClientMessage, Named, Refusal};
 use super::relay::{ClientRequest, Kind, Outgoing, Tree};
+use snowluma_proto::front::{FrontEnd as Channel, FrontSetup, ToFront, ToLauncher, TokenDigest};
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -87,7 +87,7 @@ pub fn main(allow_unconfined: bool) -> ExitCode {
     let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
     // SAFETY: as above.
     let listener = unsafe { OwnedFd::from_raw_fd(LISTENER_FD) };
-    let setup = match super::control::recv_blocking::<ToFront>(&control) {
+    let setup = match snowluma_proto::front::recv_blocking::<ToFront>(&control) {
         Ok((ToFront::Setup(s), _)) => *s,
         Ok(_) | Err(_) => {
             snowluma_logsink::eprintln_nb!("snowluma-mcp: the HTTP front received no setup");
@@ -690,7 +690,7 @@ async fn end_tree_as(shared: &Arc<Shared>, tree: &Arc<Tree>, revoked: bool) {
 
 async fn control_loop(shared: Arc<Shared>) {
     loop {
-        match shared.control.recv::<ToFront>().await {
+        match shared.control.recv().await {
             Ok((ToFront::Spawned { req, session }, Some(fd))) => {
                 let waiter = shared.spawns.lock().ok().and_then(|mut s| s.remove(&req));
                 // A tree nobody waits for any more (the spawn timed out) is

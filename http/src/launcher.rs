@@ -319,7 +319,7 @@ async fn serve(
         .run_until(async {
             let code = loop {
                 tokio::select! {
-                    msg = control.recv::<ToLauncher>() => match msg {
+                    msg = control.recv() => match msg {
                         Ok((ToLauncher::Spawn { req, token_id, peer }, _)) => {
                             let n = next_session;
                             next_session += 1;
@@ -336,7 +336,7 @@ async fn serve(
                                         let _ = child.wait().await;
                                         let _ = tx.send(n);
                                     });
-                                    if control.send(&ToFront::Spawned { req, session: n }, Some(theirs.as_raw_fd())).await.is_err() {
+                                    if control.send(&ToFront::Spawned { req, session: n }, Some(std::os::fd::AsFd::as_fd(&theirs))).await.is_err() {
                                         break ExitCode::FAILURE;
                                     }
                                 }

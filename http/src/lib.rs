@@ -17,7 +17,7 @@
 //!   ordinary stdio server (supervisor, spawner, workers) with a socket as
 //!   stdin and stdout, exactly like a systemd `Accept=yes` connection.
 
-pub mod control;
+mod control;
 mod door;
 pub mod front;
 pub mod launcher;

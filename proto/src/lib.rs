@@ -1,6 +1,8 @@
 //! Shared vocabulary of the snowluma-mcp processes.
 //!
 //! * [`bytes`]: hex and kernel randomness, one copy for every process.
+//! * [`fdpass`]: descriptor passing (the one SCM_RIGHTS codec).
+//! * [`front`]: the `serve-http` launcher ↔ HTTP front control messages.
 //! * [`frame`]: length-prefixed `postcard` frames on the supervisor/worker socket.
 //! * [`msg`]: the typed messages that travel in those frames, and the handshake.
 //! * [`outcome`]: the result/diagnostic envelope every tool returns.
@@ -12,6 +14,7 @@
 pub mod bytes;
 pub mod fdpass;
 pub mod frame;
+pub mod front;
 pub mod msg;
 pub mod outcome;
 pub mod session;
