@@ -8,7 +8,7 @@
 //!
 //! [`send_packet`] and [`recv_packet`] are the one SCM_RIGHTS codec of the
 //! project: a packet of bytes with at most one descriptor. The tagged
-//! channel here and the `serve-http` control channel (`front.rs`) are both
+//! channel here and the `serve-http` control channel (`front.rs`, in this crate) are both
 //! built on them.
 
 use std::collections::HashMap;
