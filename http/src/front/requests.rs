@@ -142,124 +142,238 @@ fn check_modern_headers(h: &HeaderMap, msg: &ClientMessage) -> Result<(), String
     }
 }
 
+/// A POST being answered: who sent it, its head, and what answer it takes.
+struct Post {
+    shared: Arc<Shared>,
+    conn: Arc<Conn>,
+    token: TokenDigest,
+    headers: HeaderMap,
+    /// The client takes an event stream.
+    wants_sse: bool,
+}
+
 async fn post(shared: Arc<Shared>, conn: Arc<Conn>, token: TokenDigest, req: Request<Incoming>) -> Response<Body> {
-    let token_id = token.id.clone();
     let headers = req.headers().clone();
-    let accept = header_list(&headers, header::ACCEPT).to_ascii_lowercase();
-    let any = accept.is_empty() || accept.contains("*/*");
-    let wants_sse = any || accept.contains("text/event-stream");
-    if !(any || wants_sse || accept.contains("application/json")) {
-        return rpc_error(
-            StatusCode::NOT_ACCEPTABLE,
-            Value::Null,
-            -32000,
-            "Not Acceptable: accept application/json and text/event-stream",
-        );
-    }
-    let json_body = header_str(&headers, "content-type")
-        .and_then(|c| c.split(';').next())
-        .is_some_and(|c| c.trim().eq_ignore_ascii_case("application/json"));
-    if !json_body {
-        return rpc_error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Value::Null,
-            -32000,
-            "Unsupported Media Type: application/json",
-        );
-    }
-    let (mut body, charge) = match read_body(&shared, &token_id, req).await {
-        Ok(b) => b,
+    let wants_sse = match negotiate(&headers) {
+        Ok(s) => s,
         Err(r) => return r,
     };
-    // Only the envelope is read; the body goes on as the client sent it.
-    let msg = match message::client(&body) {
-        Ok(m) => m,
-        Err(Refusal::Parse) => return rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32700, "Parse error"),
-        Err(Refusal::Invalid(why)) => {
-            return rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32600, &format!("Invalid Request: {why}"));
-        }
+    let relayed = match read_message(&shared, &token.id, req).await {
+        Ok(r) => r,
+        Err(r) => return r,
     };
-    message::one_line(&mut body);
-    let id: Value = msg.id.as_ref().map(|i| i.value.clone()).unwrap_or(Value::Null);
-    let is_request = msg.is_request();
-    let legacy_versions_ok = |h: &HeaderMap| match header_str(h, "mcp-protocol-version") {
-        None => true,
-        Some(v) => LEGACY_VERSIONS.contains(&v),
-    };
-    let relayed = Relayed { body, msg, charge };
-    if headers.contains_key("mcp-session-id") {
-        let tree = match legacy_session(&shared, &token_id, &headers) {
-            Ok(t) => t,
-            Err(r) => return r,
-        };
-        if !legacy_versions_ok(&headers) {
-            return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Unsupported MCP-Protocol-Version");
-        }
-        return relay(&shared, &tree, relayed, &token_id, Era::Legacy, wants_sse, None).await;
+    let post = Post { shared, conn, token, headers, wants_sse };
+    if post.headers.contains_key("mcp-session-id") {
+        return post.in_legacy_session(relayed).await;
     }
     // A message of the modern era: its header or its `_meta` names a
     // revision the legacy era does not have.
     let modern_signal = relayed.msg.version_key
-        || header_str(&headers, "mcp-protocol-version").is_some_and(|v| !LEGACY_VERSIONS.contains(&v));
+        || header_str(&post.headers, "mcp-protocol-version").is_some_and(|v| !LEGACY_VERSIONS.contains(&v));
+    let is_request = relayed.msg.is_request();
     // `initialize` opens a legacy session; sent the modern way it is a
     // method that revision removed, answered by a tree (-32601, 404).
     if relayed.msg.method.as_deref() == Some("initialize") && is_request && !modern_signal {
-        let tree = match spawn_tree(&shared, &token, &conn.peer).await {
+        return post.open_legacy_session(relayed).await;
+    }
+    if !modern_signal {
+        let id = id_of(&relayed.msg);
+        return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Bad Request: Mcp-Session-Id header is required");
+    }
+    if !is_request {
+        return post.modern_notification(relayed).await;
+    }
+    post.modern_request(relayed).await
+}
+
+/// `Accept` and `Content-Type`: whether the client takes an event stream,
+/// or the refusal (406, 415).
+fn negotiate(headers: &HeaderMap) -> Result<bool, Response<Body>> {
+    let accept = header_list(headers, header::ACCEPT).to_ascii_lowercase();
+    let any = accept.is_empty() || accept.contains("*/*");
+    let wants_sse = any || accept.contains("text/event-stream");
+    if !(any || wants_sse || accept.contains("application/json")) {
+        return Err(rpc_error(
+            StatusCode::NOT_ACCEPTABLE,
+            Value::Null,
+            -32000,
+            "Not Acceptable: accept application/json and text/event-stream",
+        ));
+    }
+    let json_body = header_str(headers, "content-type")
+        .and_then(|c| c.split(';').next())
+        .is_some_and(|c| c.trim().eq_ignore_ascii_case("application/json"));
+    if !json_body {
+        return Err(rpc_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Value::Null,
+            -32000,
+            "Unsupported Media Type: application/json",
+        ));
+    }
+    Ok(wants_sse)
+}
+
+/// Read the body and its envelope (400 for what is not one JSON-RPC
+/// message); the body becomes one line.
+async fn read_message(shared: &Arc<Shared>, token_id: &str, req: Request<Incoming>) -> Result<Relayed, Response<Body>> {
+    let (mut body, charge) = read_body(shared, token_id, req).await?;
+    // Only the envelope is read; the body goes on as the client sent it.
+    let msg = match message::client(&body) {
+        Ok(m) => m,
+        Err(Refusal::Parse) => return Err(rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32700, "Parse error")),
+        Err(Refusal::Invalid(why)) => {
+            return Err(rpc_error(StatusCode::BAD_REQUEST, Value::Null, -32600, &format!("Invalid Request: {why}")));
+        }
+    };
+    message::one_line(&mut body);
+    Ok(Relayed { body, msg, charge })
+}
+
+/// The message's id as the client wrote it (`null` without one).
+fn id_of(msg: &ClientMessage) -> Value {
+    msg.id.as_ref().map(|i| i.value.clone()).unwrap_or(Value::Null)
+}
+
+impl Post {
+    /// A message in an open legacy session (`Mcp-Session-Id`).
+    async fn in_legacy_session(&self, relayed: Relayed) -> Response<Body> {
+        let tree = match legacy_session(&self.shared, &self.token.id, &self.headers) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        let legacy_version = match header_str(&self.headers, "mcp-protocol-version") {
+            None => true,
+            Some(v) => LEGACY_VERSIONS.contains(&v),
+        };
+        if !legacy_version {
+            let id = id_of(&relayed.msg);
+            return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Unsupported MCP-Protocol-Version");
+        }
+        self.relay(&tree, relayed, Era::Legacy, None).await
+    }
+
+    /// A legacy `initialize`: a new tree and session id.
+    async fn open_legacy_session(&self, relayed: Relayed) -> Response<Body> {
+        let tree = match spawn_tree(&self.shared, &self.token, &self.conn.peer).await {
             Ok(t) => t,
             Err(r) => return r,
         };
         let sid = snowluma_proto::bytes::hex(&snowluma_proto::bytes::random_bytes::<16>());
-        if let Ok(mut s) = shared.sessions.lock() {
+        if let Ok(mut s) = self.shared.sessions.lock() {
             s.insert(sid.clone(), tree.clone());
         }
-        tracing::info!(session = tree.session, token_id = %token_id, "serve-http: legacy session opened");
-        return relay(&shared, &tree, relayed, &token_id, Era::Legacy, wants_sse, Some(sid)).await;
+        tracing::info!(session = tree.session, token_id = %self.token.id, "serve-http: legacy session opened");
+        self.relay(&tree, relayed, Era::Legacy, Some(sid)).await
     }
-    if !modern_signal {
-        return rpc_error(StatusCode::BAD_REQUEST, id, -32600, "Bad Request: Mcp-Session-Id header is required");
-    }
-    if !is_request {
-        // A modern notification (a `notifications/cancelled` naming one of
-        // this client's requests) goes to the client's tree, if it has one;
-        // there is nothing else to do with it (no sessions, no responses to
-        // server requests in this era).
-        let tree = shared.modern.lock().await.get(&(token_id.clone(), conn.host.clone())).cloned();
+
+    /// A modern notification (a `notifications/cancelled` naming one of
+    /// this client's requests) goes to the client's tree, if it has one;
+    /// there is nothing else to do with it (no sessions, no responses to
+    /// server requests in this era).
+    async fn modern_notification(&self, relayed: Relayed) -> Response<Body> {
+        let key = (self.token.id.clone(), self.conn.host.clone());
+        let tree = self.shared.modern.lock().await.get(&key).cloned();
         if let Some(tree) = tree
             && !tree.ended.is_cancelled()
         {
             let Relayed { body, msg, charge } = relayed;
             tree.forward(body, cancels(&msg), charge).await;
         }
-        return empty(StatusCode::ACCEPTED);
+        empty(StatusCode::ACCEPTED)
     }
-    if let Err(why) = check_modern_headers(&headers, &relayed.msg) {
-        return rpc_error(StatusCode::BAD_REQUEST, id, -32020, &format!("Header mismatch: {why}"));
-    }
-    // The modern era has no sessions: its state lives in explicit handles
-    // (event resource URIs, requestState) that a client may use from any of
-    // its connections, and an HTTP/1.1 client needs several connections for
-    // concurrent requests (a subscriptions/listen stream and its calls).
-    // So the modern requests of one token from one client host share one
-    // tree; other tokens and other hosts never do.
-    let tree = {
-        let mut modern = shared.modern.lock().await;
-        let key = (token_id.clone(), conn.host.clone());
-        match modern.get(&key) {
-            Some(t) if !t.ended.is_cancelled() => t.clone(),
-            _ => match spawn_tree(&shared, &token, &conn.host).await {
-                Ok(t) => {
-                    modern.insert(key, t.clone());
-                    t
-                }
-                Err(r) => return r,
-            },
+
+    /// A modern request: its headers must mirror its body; it goes to the
+    /// tree of its token and client host.
+    async fn modern_request(&self, relayed: Relayed) -> Response<Body> {
+        if let Err(why) = check_modern_headers(&self.headers, &relayed.msg) {
+            let id = id_of(&relayed.msg);
+            return rpc_error(StatusCode::BAD_REQUEST, id, -32020, &format!("Header mismatch: {why}"));
         }
-    };
-    // A request without the `_meta` every modern request carries is
-    // rejected by the session (-32602), and over HTTP with a 400.
-    let meta_complete = relayed.msg.version.is_some() && relayed.msg.capabilities_object;
-    let era = Era::Modern { meta_complete };
-    relay(&shared, &tree, relayed, &token_id, era, wants_sse, None).await
+        let tree = match self.modern_tree().await {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        // A request without the `_meta` every modern request carries is
+        // rejected by the session (-32602), and over HTTP with a 400.
+        let meta_complete = relayed.msg.version.is_some() && relayed.msg.capabilities_object;
+        self.relay(&tree, relayed, Era::Modern { meta_complete }, None).await
+    }
+
+    /// The modern era has no sessions: its state lives in explicit handles
+    /// (event resource URIs, requestState) that a client may use from any of
+    /// its connections, and an HTTP/1.1 client needs several connections for
+    /// concurrent requests (a subscriptions/listen stream and its calls).
+    /// So the modern requests of one token from one client host share one
+    /// tree; other tokens and other hosts never do.
+    async fn modern_tree(&self) -> Result<Arc<Tree>, Response<Body>> {
+        let mut modern = self.shared.modern.lock().await;
+        let key = (self.token.id.clone(), self.conn.host.clone());
+        match modern.get(&key) {
+            Some(t) if !t.ended.is_cancelled() => Ok(t.clone()),
+            _ => {
+                let t = spawn_tree(&self.shared, &self.token, &self.conn.host).await?;
+                modern.insert(key, t.clone());
+                Ok(t)
+            }
+        }
+    }
+
+    /// Relay the message to `tree` and its answer back: JSON, or an event
+    /// stream (`session_id`: the new legacy session's, as a header).
+    async fn relay(&self, tree: &Arc<Tree>, relayed: Relayed, era: Era, session_id: Option<String>) -> Response<Body> {
+        let (shared, token_id, wants_sse) = (&self.shared, self.token.id.as_str(), self.wants_sse);
+        let modern = matches!(era, Era::Modern { .. });
+        let Relayed { body, msg, charge } = relayed;
+        let (Some(client_id), true) = (msg.id.clone(), msg.is_request()) else {
+            return if tree.forward(body, cancels(&msg), charge).await {
+                empty(StatusCode::ACCEPTED)
+            } else {
+                rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "The session has ended")
+            };
+        };
+        let id = client_id.value.clone();
+        let Some(mut guard) = acquire_request(shared, token_id) else {
+            return too_many("Too many concurrent requests for this token");
+        };
+        let req = ClientRequest { body, id: client_id, progress: msg.progress, sse: wants_sse };
+        let Some(sent) = tree.request(req, charge).await else {
+            guard.done = true;
+            return rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session has ended");
+        };
+        guard.relay = Some((tree.clone(), sent.internal, modern));
+        let mut rx = sent.rx;
+        let mut response = loop {
+            match rx.recv().await {
+                // Cancelled by the client (no answer comes): an empty stream.
+                None if !tree.ended.is_cancelled() && wants_sse => {
+                    guard.done = true;
+                    break sse(None, rx, guard);
+                }
+                None => {
+                    guard.done = true;
+                    break rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session ended before answering");
+                }
+                Some(m) if m.kind == Kind::Response => {
+                    guard.done = true;
+                    let status = match era {
+                        Era::Modern { meta_complete } => modern_status(m.error_code, meta_complete),
+                        Era::Legacy => StatusCode::OK,
+                    };
+                    break json_message(status, m);
+                }
+                Some(m) if wants_sse => break sse(Some(m), rx, guard),
+                // A client that takes only JSON gets the response alone.
+                Some(_) => continue,
+            }
+        };
+        if let Some(sid) = session_id
+            && let Ok(v) = HeaderValue::from_str(&sid)
+        {
+            response.headers_mut().insert("mcp-session-id", v);
+        }
+        response
+    }
 }
 
 /// A client message on its way to a tree: its body (one line), what the
@@ -297,67 +411,6 @@ fn modern_status(error_code: Option<i64>, meta_complete: bool) -> StatusCode {
         Some(-32602) if !meta_complete => StatusCode::BAD_REQUEST,
         _ => StatusCode::OK,
     }
-}
-
-async fn relay(
-    shared: &Arc<Shared>,
-    tree: &Arc<Tree>,
-    relayed: Relayed,
-    token_id: &str,
-    era: Era,
-    wants_sse: bool,
-    session_id: Option<String>,
-) -> Response<Body> {
-    let modern = matches!(era, Era::Modern { .. });
-    let Relayed { body, msg, charge } = relayed;
-    let (Some(client_id), true) = (msg.id.clone(), msg.is_request()) else {
-        return if tree.forward(body, cancels(&msg), charge).await {
-            empty(StatusCode::ACCEPTED)
-        } else {
-            rpc_error(StatusCode::SERVICE_UNAVAILABLE, Value::Null, -32603, "The session has ended")
-        };
-    };
-    let id = client_id.value.clone();
-    let Some(mut guard) = acquire_request(shared, token_id) else {
-        return too_many("Too many concurrent requests for this token");
-    };
-    let req = ClientRequest { body, id: client_id, progress: msg.progress, sse: wants_sse };
-    let Some(sent) = tree.request(req, charge).await else {
-        guard.done = true;
-        return rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session has ended");
-    };
-    guard.relay = Some((tree.clone(), sent.internal, modern));
-    let mut rx = sent.rx;
-    let mut response = loop {
-        match rx.recv().await {
-            // Cancelled by the client (no answer comes): an empty stream.
-            None if !tree.ended.is_cancelled() && wants_sse => {
-                guard.done = true;
-                break sse(None, rx, guard);
-            }
-            None => {
-                guard.done = true;
-                break rpc_error(StatusCode::SERVICE_UNAVAILABLE, id, -32603, "The session ended before answering");
-            }
-            Some(m) if m.kind == Kind::Response => {
-                guard.done = true;
-                let status = match era {
-                    Era::Modern { meta_complete } => modern_status(m.error_code, meta_complete),
-                    Era::Legacy => StatusCode::OK,
-                };
-                break json_message(status, m);
-            }
-            Some(m) if wants_sse => break sse(Some(m), rx, guard),
-            // A client that takes only JSON gets the response alone.
-            Some(_) => continue,
-        }
-    };
-    if let Some(sid) = session_id
-        && let Ok(v) = HeaderValue::from_str(&sid)
-    {
-        response.headers_mut().insert("mcp-session-id", v);
-    }
-    response
 }
 
 #[cfg(test)]
