@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,6 +19,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use super::control::{Channel, FrontSetup, ToFront, ToLauncher};
 use super::options::{self, Listen};
 use snowluma_config::{Cli, Config, ServeHttpArgs};
+use snowluma_proto::front::ControlError;
 
 /// How long a session may take to end after its socket closed before its
 /// process group is killed, when its token was revoked or serve-http stops.
@@ -64,68 +65,68 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
     };
     let filter = config.worker_log_filter();
     snowluma_logsink::init_tracing(&filter, true);
-    let listen = match options::parse_listen(&opts.listen) {
-        Ok(l) => l,
-        Err(e) => return fail(e),
+    let (prepared, setup) = match prepare(opts) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
-    let tls_files = opts.tls_cert.as_ref().zip(opts.tls_key.as_ref());
-    if let Err(e) = options::check_exposure(&listen, tls_files.is_some(), opts.allow_remote) {
-        return fail(e);
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+    };
+    let serving = Serving { filter, session_args: session_args(cli), token_file: opts.http_token_file.clone() };
+    let code = rt.block_on(start_and_serve(&prepared, setup, serving));
+    if let Listener::Unix(_, path) = &prepared.listener {
+        let _ = std::fs::remove_file(path);
     }
+    code
+}
+
+/// Everything checked, read and bound before the front starts.
+struct Prepared {
+    listener: Listener,
+    /// The listening address as logged.
+    shown: String,
+    /// The front may serve on a kernel that cannot confine it.
+    unconfined_ok: bool,
+}
+
+/// What the launcher passes on: the log filter (to the front) and the
+/// sessions' command line; the token file it re-reads on SIGHUP.
+struct Serving {
+    filter: String,
+    session_args: Vec<OsString>,
+    token_file: std::path::PathBuf,
+}
+
+/// Check the options, read the token and TLS files, bind the listener, and
+/// write the front's setup: each failure is one line and exit status 2.
+fn prepare(opts: &ServeHttpArgs) -> Result<(Prepared, FrontSetup), ExitCode> {
+    let listen = options::parse_listen(&opts.listen).map_err(fail)?;
+    let tls_files = opts.tls_cert.as_ref().zip(opts.tls_key.as_ref());
+    options::check_exposure(&listen, tls_files.is_some(), opts.allow_remote).map_err(fail)?;
     if opts.max_sessions_per_token == 0 || opts.max_requests_per_token == 0 || opts.idle_timeout == 0 {
-        return fail("--max-sessions-per-token, --max-requests-per-token and --idle-timeout must be at least 1");
+        return Err(fail("--max-sessions-per-token, --max-requests-per-token and --idle-timeout must be at least 1"));
     }
     // The front confines itself like every other process; a kernel that
     // cannot enforce that needs the operator's explicit opt-out.
-    let unconfined_ok = match snowluma_sandbox::gate(
+    let unconfined_ok = snowluma_sandbox::gate(
         "serve-http",
         true,
         snowluma_sandbox::Support::detect(),
         snowluma_sandbox::opt_out_from_env(),
-    ) {
-        Ok(d) => d,
-        Err(e) => return fail(e),
-    };
-    let socket_mode = match options::parse_socket_mode(&opts.socket_mode) {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    let tokens = match options::load_tokens(&opts.http_token_file) {
-        Ok(t) => t,
-        Err(e) => return fail(e),
-    };
+    )
+    .map_err(fail)?;
+    let socket_mode = options::parse_socket_mode(&opts.socket_mode).map_err(fail)?;
+    let tokens = options::load_tokens(&opts.http_token_file).map_err(fail)?;
     let tls = match tls_files {
         None => None,
-        Some((cert, key)) => {
-            let cert = match std::fs::read_to_string(cert) {
-                Ok(c) if c.len() < 64 * 1024 => c,
-                Ok(_) => return fail(format!("--tls-cert {}: larger than 64 KiB", cert.display())),
-                Err(e) => return fail(format!("--tls-cert {}: cannot be read: {e}", cert.display())),
-            };
-            let key = match options::read_private(key, "--tls-key") {
-                Ok(k) => k,
-                Err(e) => return fail(e),
-            };
-            if let Err(e) = super::front::tls_acceptor(&cert, &key) {
-                return fail(format!("--tls-cert/--tls-key: {e}"));
-            }
-            Some((cert, key))
-        }
+        Some((cert, key)) => Some(read_tls(cert, key)?),
     };
-    let listener = match &listen {
-        Listen::Tcp(addr) => match std::net::TcpListener::bind(addr) {
-            Ok(l) => Listener::Tcp(l),
-            Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
-        },
-        Listen::Unix(path) => match bind_unix(path, socket_mode) {
-            Ok(l) => Listener::Unix(l, path.clone()),
-            Err(e) => return fail(format!("cannot listen on {}: {e}", path.display())),
-        },
-    };
+    let listener = bind(&listen, socket_mode)?;
     let (shown, port) = match &listener {
         Listener::Tcp(l) => match l.local_addr() {
             Ok(a) => (a.to_string(), Some(a.port())),
-            Err(e) => return fail(format!("cannot read the listening address: {e}")),
+            Err(e) => return Err(fail(format!("cannot read the listening address: {e}"))),
         },
         Listener::Unix(_, p) => (p.display().to_string(), None),
     };
@@ -150,30 +151,52 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
         max_body_bytes: MAX_BODY,
         unix: matches!(listener, Listener::Unix(..)),
     };
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+    Ok((Prepared { listener, shown, unconfined_ok }, setup))
+}
+
+/// The TLS certificate chain and key, read and checked as a pair.
+fn read_tls(cert: &std::path::Path, key: &std::path::Path) -> Result<(String, String), ExitCode> {
+    let cert = match std::fs::read_to_string(cert) {
+        Ok(c) if c.len() < 64 * 1024 => c,
+        Ok(_) => return Err(fail(format!("--tls-cert {}: larger than 64 KiB", cert.display()))),
+        Err(e) => return Err(fail(format!("--tls-cert {}: cannot be read: {e}", cert.display()))),
     };
-    let session_args = session_args(cli);
-    let code = rt.block_on(async {
-        // The handlers exist before anyone is told where we listen, so a
-        // SIGTERM sent from then on stops serve-http cleanly.
-        let (Ok(hup), Ok(term), Ok(int)) =
-            (signal(SignalKind::hangup()), signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-        else {
-            return fail("cannot install signal handlers");
-        };
-        let (front, control) = match start_front(&listener, &filter, unconfined_ok, setup) {
-            Ok(f) => f,
-            Err(e) => return fail(format!("cannot start the HTTP front: {e}")),
-        };
-        tracing::info!(listen = %shown, "serve-http: listening on {shown}");
-        serve(front, control, Signals { hup, term, int }, session_args, opts.http_token_file.clone()).await
-    });
-    if let Listener::Unix(_, path) = &listener {
-        let _ = std::fs::remove_file(path);
+    let key = options::read_private(key, "--tls-key").map_err(fail)?;
+    if let Err(e) = super::front::tls_acceptor(&cert, &key) {
+        return Err(fail(format!("--tls-cert/--tls-key: {e}")));
     }
-    code
+    Ok((cert, key))
+}
+
+fn bind(listen: &Listen, socket_mode: u32) -> Result<Listener, ExitCode> {
+    match listen {
+        Listen::Tcp(addr) => match std::net::TcpListener::bind(addr) {
+            Ok(l) => Ok(Listener::Tcp(l)),
+            Err(e) => Err(fail(format!("cannot listen on {addr}: {e}"))),
+        },
+        Listen::Unix(path) => match bind_unix(path, socket_mode) {
+            Ok(l) => Ok(Listener::Unix(l, path.clone())),
+            Err(e) => Err(fail(format!("cannot listen on {}: {e}", path.display()))),
+        },
+    }
+}
+
+/// On the runtime: the signal handlers, the front, then serving it.
+async fn start_and_serve(prepared: &Prepared, setup: FrontSetup, serving: Serving) -> ExitCode {
+    // The handlers exist before anyone is told where we listen, so a
+    // SIGTERM sent from then on stops serve-http cleanly.
+    let (Ok(hup), Ok(term), Ok(int)) =
+        (signal(SignalKind::hangup()), signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return fail("cannot install signal handlers");
+    };
+    let (front, control) = match start_front(&prepared.listener, &serving.filter, prepared.unconfined_ok, setup) {
+        Ok(f) => f,
+        Err(e) => return fail(format!("cannot start the HTTP front: {e}")),
+    };
+    let shown = &prepared.shown;
+    tracing::info!(listen = %shown, "serve-http: listening on {shown}");
+    serve(front, control, Signals { hup, term, int }, serving).await
 }
 
 /// Bind a Unix socket with permission bits `mode`, whatever the umask: it is
@@ -302,86 +325,33 @@ struct Signals {
     int: tokio::signal::unix::Signal,
 }
 
-async fn serve(
-    mut front: tokio::process::Child,
-    control: Channel,
-    signals: Signals,
-    session_args: Vec<OsString>,
-    token_file: std::path::PathBuf,
-) -> ExitCode {
+async fn serve(mut front: tokio::process::Child, control: Channel, signals: Signals, serving: Serving) -> ExitCode {
     let Signals { mut hup, mut term, mut int } = signals;
-    let control = std::rc::Rc::new(control);
     let (exited_tx, mut exited_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-    let mut sessions: HashMap<u64, Session> = HashMap::new();
-    let mut next_session: u64 = 1;
+    let mut launcher = Launcher { control, sessions: HashMap::new(), next_session: 1, exited_tx, serving };
     let local = tokio::task::LocalSet::new();
     local
         .run_until(async {
             let code = loop {
                 tokio::select! {
-                    msg = control.recv::<ToLauncher>() => match msg {
+                    msg = launcher.control.recv() => match msg {
                         Ok((ToLauncher::Spawn { req, token_id, peer }, _)) => {
-                            let n = next_session;
-                            next_session += 1;
-                            match spawn_session(&session_args, &token_id, &peer) {
-                                Ok((mut child, theirs)) => {
-                                    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
-                                        let _ = control.send(&ToFront::SpawnFailed { req }, None).await;
-                                        continue;
-                                    };
-                                    tracing::info!(session = n, pid, token_id = %token_id, peer = %peer, "serve-http: session started");
-                                    sessions.insert(n, Session { pid: Pid::from_raw(pid) });
-                                    let tx = exited_tx.clone();
-                                    tokio::task::spawn_local(async move {
-                                        let _ = child.wait().await;
-                                        let _ = tx.send(n);
-                                    });
-                                    if control.send(&ToFront::Spawned { req, session: n }, Some(theirs.as_raw_fd())).await.is_err() {
-                                        break ExitCode::FAILURE;
-                                    }
-                                }
-                                Err(e) => {
-                                    tracing::error!(error = %e, "serve-http: cannot start a session");
-                                    let _ = control.send(&ToFront::SpawnFailed { req }, None).await;
-                                }
+                            if launcher.spawn(req, &token_id, &peer).await.is_err() {
+                                break ExitCode::FAILURE;
                             }
                         }
-                        Ok((ToLauncher::End { session, revoked }, _)) => {
-                            if let Some(s) = sessions.get(&session) {
-                                let pid = s.pid;
-                                let limit = if revoked { GRACE } else { ENDED_LIMIT };
-                                tokio::task::spawn_local(async move {
-                                    tokio::time::sleep(limit).await;
-                                    // The group outlives its leader only if a
-                                    // member survives; ESRCH is the normal case.
-                                    if killpg(pid, Signal::SIGKILL).is_ok() {
-                                        tracing::warn!(pid = pid.as_raw(), "serve-http: a session did not end in time; its process group was killed");
-                                    }
-                                });
-                            }
-                        }
+                        Ok((ToLauncher::End { session, revoked }, _)) => launcher.end(session, revoked),
                         Err(e) => {
                             tracing::error!(error = %e, "serve-http: the HTTP front is gone; stopping");
                             break ExitCode::FAILURE;
                         }
                     },
-                    Some(n) = exited_rx.recv() => {
-                        if let Some(s) = sessions.remove(&n) {
-                            // Any straggler of the tree goes with it.
-                            let _ = killpg(s.pid, Signal::SIGKILL);
-                            tracing::info!(session = n, "serve-http: session ended");
-                            let _ = control.send(&ToFront::Exited { session: n }, None).await;
+                    Some(n) = exited_rx.recv() => launcher.exited(n).await,
+                    _ = hup.recv() => {
+                        if launcher.reload_tokens().await.is_err() {
+                            break ExitCode::FAILURE;
                         }
                     }
-                    _ = hup.recv() => match options::load_tokens(&token_file) {
-                        Ok(tokens) => {
-                            tracing::info!(tokens = tokens.len(), "serve-http: access tokens re-read (SIGHUP)");
-                            if control.send(&ToFront::Tokens(tokens), None).await.is_err() {
-                                break ExitCode::FAILURE;
-                            }
-                        }
-                        Err(e) => tracing::error!("serve-http: SIGHUP: the token file was not reloaded, the old tokens stay: {e}"),
-                    },
                     _ = term.recv() => break ExitCode::SUCCESS,
                     _ = int.recv() => break ExitCode::SUCCESS,
                     status = front.wait() => {
@@ -392,24 +362,120 @@ async fn serve(
             };
             // Shutdown, still inside the LocalSet so that the tasks reaping
             // the sessions keep running.
-            let _ = front.start_kill();
-            for s in sessions.values() {
-                let _ = killpg(s.pid, Signal::SIGTERM);
-            }
-            let deadline = tokio::time::Instant::now() + GRACE;
-            while !sessions.is_empty() {
-                tokio::select! {
-                    Some(n) = exited_rx.recv() => { sessions.remove(&n); }
-                    _ = tokio::time::sleep_until(deadline) => break,
-                }
-            }
-            for s in sessions.values() {
-                let _ = killpg(s.pid, Signal::SIGKILL);
-            }
-            let _ = front.wait().await;
+            launcher.shutdown(&mut front, &mut exited_rx).await;
             code
         })
         .await
+}
+
+/// The launcher's state while it serves the front: the live session trees.
+struct Launcher {
+    control: Channel,
+    sessions: HashMap<u64, Session>,
+    next_session: u64,
+    /// Told a session's number when its leader has exited.
+    exited_tx: tokio::sync::mpsc::UnboundedSender<u64>,
+    serving: Serving,
+}
+
+impl Launcher {
+    /// `Spawn`: start a session tree and pass its socket to the front (or
+    /// tell it the spawn failed). `Err`: the front can no longer be told.
+    async fn spawn(&mut self, req: u64, token_id: &str, peer: &str) -> Result<(), ControlError> {
+        let n = self.next_session;
+        self.next_session += 1;
+        match spawn_session(&self.serving.session_args, token_id, peer) {
+            Ok((mut child, theirs)) => {
+                let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+                    let _ = self.control.send(&ToFront::SpawnFailed { req }, None).await;
+                    return Ok(());
+                };
+                tracing::info!(session = n, pid, token_id = %token_id, peer = %peer, "serve-http: session started");
+                self.sessions.insert(n, Session { pid: Pid::from_raw(pid) });
+                let tx = self.exited_tx.clone();
+                tokio::task::spawn_local(async move {
+                    let _ = child.wait().await;
+                    let _ = tx.send(n);
+                });
+                self.control.send(&ToFront::Spawned { req, session: n }, Some(theirs.as_fd())).await
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "serve-http: cannot start a session");
+                let _ = self.control.send(&ToFront::SpawnFailed { req }, None).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// `End`: kill what is left of the session's process group if it has not
+    /// ended within its limit.
+    fn end(&self, session: u64, revoked: bool) {
+        if let Some(s) = self.sessions.get(&session) {
+            let pid = s.pid;
+            let limit = if revoked { GRACE } else { ENDED_LIMIT };
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep(limit).await;
+                // The group outlives its leader only if a
+                // member survives; ESRCH is the normal case.
+                if killpg(pid, Signal::SIGKILL).is_ok() {
+                    tracing::warn!(
+                        pid = pid.as_raw(),
+                        "serve-http: a session did not end in time; its process group was killed"
+                    );
+                }
+            });
+        }
+    }
+
+    /// A session's leader exited: the tree goes, and the front is told.
+    async fn exited(&mut self, n: u64) {
+        if let Some(s) = self.sessions.remove(&n) {
+            // Any straggler of the tree goes with it.
+            let _ = killpg(s.pid, Signal::SIGKILL);
+            tracing::info!(session = n, "serve-http: session ended");
+            let _ = self.control.send(&ToFront::Exited { session: n }, None).await;
+        }
+    }
+
+    /// SIGHUP: re-read the token file and send the new set (a file that
+    /// does not load leaves the old one). `Err`: the front can no longer be
+    /// told.
+    async fn reload_tokens(&self) -> Result<(), ControlError> {
+        match options::load_tokens(&self.serving.token_file) {
+            Ok(tokens) => {
+                tracing::info!(tokens = tokens.len(), "serve-http: access tokens re-read (SIGHUP)");
+                self.control.send(&ToFront::Tokens(tokens), None).await
+            }
+            Err(e) => {
+                tracing::error!("serve-http: SIGHUP: the token file was not reloaded, the old tokens stay: {e}");
+                Ok(())
+            }
+        }
+    }
+
+    /// Stop the front and the sessions: SIGTERM, then SIGKILL after the
+    /// grace period; wait for the front.
+    async fn shutdown(
+        &mut self,
+        front: &mut tokio::process::Child,
+        exited_rx: &mut tokio::sync::mpsc::UnboundedReceiver<u64>,
+    ) {
+        let _ = front.start_kill();
+        for s in self.sessions.values() {
+            let _ = killpg(s.pid, Signal::SIGTERM);
+        }
+        let deadline = tokio::time::Instant::now() + GRACE;
+        while !self.sessions.is_empty() {
+            tokio::select! {
+                Some(n) = exited_rx.recv() => { self.sessions.remove(&n); }
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        for s in self.sessions.values() {
+            let _ = killpg(s.pid, Signal::SIGKILL);
+        }
+        let _ = front.wait().await;
+    }
 }
 
 /// One session tree: this binary as the ordinary stdio server, in its own

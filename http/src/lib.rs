@@ -8,7 +8,7 @@
 //!   files, binds the listener, starts the front, and then only starts,
 //!   reaps and kills session trees on the front's request. It never parses
 //!   HTTP.
-//! * the **HTTP front** (`front.rs`, `relay.rs`): this binary re-executed
+//! * the **HTTP front** (`front/`, `relay.rs`): this binary re-executed
 //!   with an empty environment and [`FRONT_ARG`], confined (no files, no
 //!   new connections, no exec). It accepts connections, terminates TLS,
 //!   checks the token, `Host`, `Origin` and limits, and relays JSON-RPC
@@ -17,7 +17,7 @@
 //!   ordinary stdio server (supervisor, spawner, workers) with a socket as
 //!   stdin and stdout, exactly like a systemd `Accept=yes` connection.
 
-pub mod control;
+mod control;
 mod door;
 pub mod front;
 pub mod launcher;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::Digest;
 
-use super::control::TokenDigest;
+use snowluma_proto::front::TokenDigest;
 
 #[derive(Debug, Clone)]
 pub enum Listen {

@@ -10,6 +10,7 @@
 //! does not fit waits (its writes to stdout wait).
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -21,7 +22,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::message::{self, Id};
+use super::message::{self, Id, ServerMessage};
 
 /// Largest line read from a session (a tool result within the IPC limit).
 pub const MAX_LINE: usize = 64 * 1024 * 1024;
@@ -394,8 +395,8 @@ impl Tree {
 
     /// Deliver one message from the server.
     fn route(self: &Arc<Self>, line: Bytes) {
-        let Some(m) = message::server(&line) else { return };
-        if let Some((server_id, internal)) = m.related {
+        let Some(mut m) = message::server(&line) else { return };
+        if let Some((server_id, internal)) = m.related.take() {
             self.with(|st| {
                 if st.related.len() < MAX_RELATED {
                     st.related.insert(server_id, internal);
@@ -403,92 +404,7 @@ impl Tree {
             });
             return;
         }
-        let undeliverable = self
-            .with(|st| {
-                st.last_active = Instant::now();
-                let error_code = m.error_code;
-                let out = |kind: Kind, edits: Vec<(std::ops::Range<usize>, Bytes)>| Outgoing {
-                    pieces: message::splice(&line, edits),
-                    kind,
-                    error_code,
-                };
-                match (m.method.as_deref(), &m.id) {
-                    // A response to one of ours.
-                    (None, Some(id)) => {
-                        if let Some(p) = id.value.as_u64().and_then(|n| st.pending.remove(&n).map(|p| (n, p))) {
-                            let (internal, p) = p;
-                            let mut edits = vec![(id.span.clone(), p.client.raw.clone())];
-                            if let Some((span, sub)) = &m.subscription
-                                && *sub == internal
-                            {
-                                edits.push((span.clone(), p.client.raw.clone()));
-                            }
-                            let _ = p.tx.send(out(Kind::Response, edits));
-                        }
-                        None
-                    }
-                    (None, None) => None,
-                    // A server request (legacy: elicitation) goes on the stream
-                    // of the request it was made in (the session's marker named
-                    // it), else on the GET stream; never on another request's
-                    // response, which its client did not ask for.
-                    (Some(_), Some(id)) => {
-                        let related = st.related.remove(&id.raw);
-                        let target = related
-                            .and_then(|k| st.pending.get(&k))
-                            .filter(|p| p.open && p.sse && !p.tx.is_closed())
-                            .map(|p| p.tx.clone());
-                        let msg = out(Kind::Other, Vec::new());
-                        let rest = match target {
-                            Some(tx) => tx.send(msg).map_err(|e| e.0),
-                            None => Err(msg),
-                        };
-                        match rest.map_err(|msg| st.to_get_stream(msg)) {
-                            Ok(()) | Err(Ok(())) => None,
-                            Err(Err(_)) => Some(id.value.clone()),
-                        }
-                    }
-                    (Some(method), None) => {
-                        // Request-related notifications go to their request.
-                        let related: Option<u64> = if method == "notifications/progress" {
-                            m.progress.as_ref().and_then(|token| {
-                                st.pending.iter().find(|(_, p)| p.progress.as_ref() == Some(token)).map(|(k, _)| *k)
-                            })
-                        } else if let Some((_, sub)) = &m.subscription {
-                            Some(*sub)
-                        } else if method == "notifications/cancelled" {
-                            m.request_id.as_ref().map(|(_, n)| *n)
-                        } else {
-                            None
-                        };
-                        let is_cancel = method == "notifications/cancelled";
-                        match related.and_then(|k| st.pending.get(&k).map(|p| (k, p.client.raw.clone(), p.tx.clone())))
-                        {
-                            Some((k, client, tx)) => {
-                                let mut edits = Vec::new();
-                                if let Some((span, sub)) = &m.subscription
-                                    && *sub == k
-                                {
-                                    edits.push((span.clone(), client.clone()));
-                                }
-                                if is_cancel && let Some((span, _)) = &m.request_id {
-                                    edits.push((span.clone(), client));
-                                    st.pending.remove(&k);
-                                }
-                                let kind = if is_cancel { Kind::Cancelled } else { Kind::Other };
-                                let _ = tx.send(out(kind, edits));
-                            }
-                            None if related.is_none() => {
-                                let _ = st.to_get_stream(out(Kind::Other, Vec::new()));
-                            }
-                            // For a request no longer in flight: dropped.
-                            None => {}
-                        }
-                        None
-                    }
-                }
-            })
-            .flatten();
+        let undeliverable = self.with(|st| st.deliver(&line, &m)).flatten();
         // No stream of this client can carry the server's request: answer it
         // in the client's place, so that the call that made it goes on (a
         // legacy input request then fails, and nothing is executed).
@@ -499,6 +415,107 @@ impl Tree {
                     "message": "the HTTP client has no open stream for this request"}}))
                     .await;
             });
+        }
+    }
+}
+
+/// A message for a client: `line` (read as `m`) with `edits` spliced in.
+fn outgoing(line: &Bytes, m: &ServerMessage, kind: Kind, edits: Vec<(Range<usize>, Bytes)>) -> Outgoing {
+    Outgoing { pieces: message::splice(line, edits), kind, error_code: m.error_code }
+}
+
+/// Where the lines a session writes go (see [`Tree::route`]).
+impl State {
+    /// Deliver `line` (read as `m`, not a marker); the id of a server
+    /// request that no stream of its client can carry.
+    fn deliver(&mut self, line: &Bytes, m: &ServerMessage) -> Option<Value> {
+        self.last_active = Instant::now();
+        match (m.method.as_deref(), &m.id) {
+            // A response to one of ours.
+            (None, Some(id)) => {
+                self.response(line, m, id);
+                None
+            }
+            (None, None) => None,
+            (Some(_), Some(id)) => self.server_request(line, m, id),
+            (Some(method), None) => {
+                self.notification(line, m, method);
+                None
+            }
+        }
+    }
+
+    /// A response ends its request: its id (and its subscription id, if it
+    /// names the request) put back.
+    fn response(&mut self, line: &Bytes, m: &ServerMessage, id: &Id) {
+        if let Some(p) = id.value.as_u64().and_then(|n| self.pending.remove(&n).map(|p| (n, p))) {
+            let (internal, p) = p;
+            let mut edits = vec![(id.span.clone(), p.client.raw.clone())];
+            if let Some((span, sub)) = &m.subscription
+                && *sub == internal
+            {
+                edits.push((span.clone(), p.client.raw.clone()));
+            }
+            let _ = p.tx.send(outgoing(line, m, Kind::Response, edits));
+        }
+    }
+
+    /// A server request (legacy: elicitation) goes on the stream of the
+    /// request it was made in (the session's marker named it), else on the
+    /// GET stream; never on another request's response, which its client
+    /// did not ask for. Its id if neither can take it.
+    fn server_request(&mut self, line: &Bytes, m: &ServerMessage, id: &Id) -> Option<Value> {
+        let related = self.related.remove(&id.raw);
+        let target = related
+            .and_then(|k| self.pending.get(&k))
+            .filter(|p| p.open && p.sse && !p.tx.is_closed())
+            .map(|p| p.tx.clone());
+        let msg = outgoing(line, m, Kind::Other, Vec::new());
+        let rest = match target {
+            Some(tx) => tx.send(msg).map_err(|e| e.0),
+            None => Err(msg),
+        };
+        match rest.map_err(|msg| self.to_get_stream(msg)) {
+            Ok(()) | Err(Ok(())) => None,
+            Err(Err(_)) => Some(id.value.clone()),
+        }
+    }
+
+    /// Request-related notifications go to their request; others to the GET
+    /// stream. A cancellation ends its request.
+    fn notification(&mut self, line: &Bytes, m: &ServerMessage, method: &str) {
+        let related: Option<u64> = if method == "notifications/progress" {
+            m.progress.as_ref().and_then(|token| {
+                self.pending.iter().find(|(_, p)| p.progress.as_ref() == Some(token)).map(|(k, _)| *k)
+            })
+        } else if let Some((_, sub)) = &m.subscription {
+            Some(*sub)
+        } else if method == "notifications/cancelled" {
+            m.request_id.as_ref().map(|(_, n)| *n)
+        } else {
+            None
+        };
+        let is_cancel = method == "notifications/cancelled";
+        match related.and_then(|k| self.pending.get(&k).map(|p| (k, p.client.raw.clone(), p.tx.clone()))) {
+            Some((k, client, tx)) => {
+                let mut edits = Vec::new();
+                if let Some((span, sub)) = &m.subscription
+                    && *sub == k
+                {
+                    edits.push((span.clone(), client.clone()));
+                }
+                if is_cancel && let Some((span, _)) = &m.request_id {
+                    edits.push((span.clone(), client));
+                    self.pending.remove(&k);
+                }
+                let kind = if is_cancel { Kind::Cancelled } else { Kind::Other };
+                let _ = tx.send(outgoing(line, m, kind, edits));
+            }
+            None if related.is_none() => {
+                let _ = self.to_get_stream(outgoing(line, m, Kind::Other, Vec::new()));
+            }
+            // For a request no longer in flight: dropped.
+            None => {}
         }
     }
 }

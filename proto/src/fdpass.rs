@@ -5,10 +5,15 @@
 //! opens a file and sends its descriptor; the supervisor forwards the
 //! descriptor (never the bytes) to the network executor, which reads or
 //! writes it. Received descriptors wait in a table until claimed by tag.
+//!
+//! [`send_packet`] and [`recv_packet`] are the one SCM_RIGHTS codec of the
+//! project: a packet of bytes with at most one descriptor. The tagged
+//! channel here and the `serve-http` control channel (`front.rs`, in this crate) are both
+//! built on them.
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,12 +49,74 @@ pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
 
 /// Blocking send of one tagged descriptor.
 pub fn send_blocking(channel: BorrowedFd<'_>, tag: u64, fd: BorrowedFd<'_>) -> std::io::Result<()> {
-    let bytes = tag.to_le_bytes();
-    let iov = [IoSlice::new(&bytes)];
-    let fds = [fd.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    sendmsg::<()>(channel.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None).map_err(std::io::Error::from)?;
+    send_packet(channel, &tag.to_le_bytes(), Some(fd), false)?;
     Ok(())
+}
+
+/// Send one packet: `bytes` with `fd` attached, if any (never `SIGPIPE`).
+/// `dontwait`: fail with `EWOULDBLOCK` rather than wait for buffer space.
+/// Returns the bytes sent.
+pub fn send_packet(
+    channel: BorrowedFd<'_>,
+    bytes: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+    dontwait: bool,
+) -> std::io::Result<usize> {
+    let iov = [IoSlice::new(bytes)];
+    let flags = if dontwait { MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT } else { MsgFlags::MSG_NOSIGNAL };
+    let sent = match fd {
+        Some(fd) => {
+            let fds = [fd.as_raw_fd()];
+            let cmsg = [ControlMessage::ScmRights(&fds)];
+            sendmsg::<()>(channel.as_raw_fd(), &iov, &cmsg, flags, None)
+        }
+        None => sendmsg::<()>(channel.as_raw_fd(), &iov, &[], flags, None),
+    };
+    sent.map_err(std::io::Error::from)
+}
+
+/// One packet as [`recv_packet`] received it.
+#[derive(Debug)]
+pub struct Packet {
+    /// How many bytes of the buffer it filled (0: the peer closed).
+    pub len: usize,
+    /// The descriptor it carried (close-on-exec); any further ones are
+    /// closed.
+    pub fd: Option<OwnedFd>,
+    /// Its bytes did not fit the buffer (`MSG_TRUNC`): the rest is lost.
+    pub truncated: bool,
+    /// A descriptor was attached but the kernel could not install it
+    /// (`MSG_CTRUNC`, e.g. EMFILE): `fd` is `None`.
+    pub fd_lost: bool,
+}
+
+/// Receive one packet into `buf`, with at most one descriptor.
+/// `dontwait`: fail with `EWOULDBLOCK` rather than wait for one.
+pub fn recv_packet(channel: BorrowedFd<'_>, buf: &mut [u8], dontwait: bool) -> std::io::Result<Packet> {
+    let flags = if dontwait { MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT } else { MsgFlags::MSG_CMSG_CLOEXEC };
+    let mut iov = [IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let msg = recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut space), flags).map_err(std::io::Error::from)?;
+    let fd_lost = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+    let truncated = msg.flags.contains(MsgFlags::MSG_TRUNC);
+    let mut got: Option<OwnedFd> = None;
+    // With MSG_CTRUNC nix refuses to walk the control messages (ENOBUFS);
+    // whatever was installed is still ours to close. A packet carries one
+    // descriptor, so a truncated one carries none we can use.
+    let cmsgs = if fd_lost { None } else { Some(msg.cmsgs().map_err(std::io::Error::from)?) };
+    for c in cmsgs.into_iter().flatten() {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for fd in fds {
+                // SAFETY: the kernel just installed this descriptor in our
+                // table for us; nothing else owns it (extra ones are closed).
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                if got.is_none() {
+                    got = Some(owned);
+                }
+            }
+        }
+    }
+    Ok(Packet { len: msg.bytes, fd: got, truncated, fd_lost })
 }
 
 /// One message from the channel.
@@ -62,37 +129,14 @@ enum Received {
     Lost(u64),
 }
 
-fn recv_one(raw: RawFd) -> Result<Received, nix::Error> {
+fn recv_one(channel: BorrowedFd<'_>) -> std::io::Result<Received> {
     let mut buf = [0u8; 8];
-    let bytes = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let mut space = nix::cmsg_space!([RawFd; 1]);
-        let msg = recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
-        let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
-        let mut got: Option<OwnedFd> = None;
-        // With MSG_CTRUNC nix refuses to walk the control messages (ENOBUFS);
-        // whatever was installed is still ours to close. A message carries
-        // one descriptor, so a truncated one carries none we can use.
-        let cmsgs = if truncated { None } else { Some(msg.cmsgs()?) };
-        for c in cmsgs.into_iter().flatten() {
-            if let ControlMessageOwned::ScmRights(fds) = c {
-                for fd in fds {
-                    // SAFETY: the kernel just installed this descriptor in our
-                    // table for us; nothing else owns it (extra ones are closed).
-                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                    if got.is_none() {
-                        got = Some(owned);
-                    }
-                }
-            }
-        }
-        (msg.bytes, got, truncated)
-    };
-    match bytes {
+    let packet = recv_packet(channel, &mut buf, false)?;
+    match (packet.len, packet.fd, packet.fd_lost) {
         (0, None, _) => Ok(Received::Closed),
         (8, Some(fd), _) => Ok(Received::Fd(u64::from_le_bytes(buf), fd)),
         (8, None, true) => Ok(Received::Lost(u64::from_le_bytes(buf))),
-        _ => Err(nix::Error::EPROTO),
+        _ => Err(std::io::Error::from(nix::Error::EPROTO)),
     }
 }
 
@@ -145,8 +189,7 @@ impl FdReceiver {
         let task_rx = rx.clone();
         tokio::spawn(async move {
             loop {
-                let res =
-                    afd.async_io(Interest::READABLE, |fd| recv_one(fd.as_raw_fd()).map_err(std::io::Error::from)).await;
+                let res = afd.async_io(Interest::READABLE, |fd| recv_one(fd.as_fd())).await;
                 match res {
                     Ok(Received::Fd(tag, fd)) => {
                         if let Ok(mut t) = task_rx.table.lock() {

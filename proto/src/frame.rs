@@ -36,6 +36,25 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     Ok(buf)
 }
 
+/// Decode one whole frame held in `frame` (a datagram that carries exactly
+/// one, length prefix included): the prefix must name the rest exactly,
+/// and the message must fill it.
+pub fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T, FrameError> {
+    let (len, body) =
+        frame.split_first_chunk::<4>().ok_or(FrameError::Decode(postcard::Error::DeserializeUnexpectedEnd))?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    if len != body.len() {
+        return Err(FrameError::Decode(postcard::Error::DeserializeBadEncoding));
+    }
+    match postcard::take_from_bytes(body)? {
+        (msg, []) => Ok(msg),
+        _ => Err(FrameError::Decode(postcard::Error::DeserializeBadEncoding)),
+    }
+}
+
 pub async fn write_frame<W, T>(w: &mut W, msg: &T) -> Result<(), FrameError>
 where
     W: AsyncWrite + Unpin,

@@ -1,6 +1,8 @@
 //! Shared vocabulary of the snowluma-mcp processes.
 //!
 //! * [`bytes`]: hex and kernel randomness, one copy for every process.
+//! * [`fdpass`]: descriptor passing (the one SCM_RIGHTS codec).
+//! * [`front`]: the `serve-http` launcher ↔ HTTP front control messages.
 //! * [`json`]: reading JSON text without building it (`present`).
 //! * [`frame`]: length-prefixed `postcard` frames on the supervisor/worker socket.
 //! * [`msg`]: the typed messages that travel in those frames, and the handshake.
@@ -13,6 +15,7 @@
 pub mod bytes;
 pub mod fdpass;
 pub mod frame;
+pub mod front;
 pub mod json;
 pub mod msg;
 pub mod outcome;
