@@ -23,13 +23,13 @@ use snowluma_proto::front::ControlError;
 
 /// How long a session may take to end after its socket closed before its
 /// process group is killed, when its token was revoked or serve-http stops.
-const GRACE: Duration = Duration::from_secs(10);
+pub(crate) const GRACE: Duration = Duration::from_secs(10);
 /// The same for every other end (DELETE, idle expiry, a closed connection,
 /// eviction). The front has cancelled the session's calls and closed its
 /// stdin, so the session exits as soon as its background transfers (which
 /// outlive their client by design) are done; every read and call has its
 /// own timeout. This limit only reaps a session that somehow does not.
-const ENDED_LIMIT: Duration = Duration::from_secs(3600);
+pub(crate) const ENDED_LIMIT: Duration = Duration::from_secs(3600);
 /// The request body limit: the stdio server's line limit.
 pub const MAX_BODY: usize = 8 * 1024 * 1024;
 

@@ -27,3 +27,29 @@ mod relay;
 mod stall;
 
 pub use snowluma_proto::session::{FRONT_ARG, PRINCIPAL_VAR, RELATED_METHOD};
+
+#[cfg(test)]
+mod numbers {
+    use snowluma_proto::architecture::{check, duration, size};
+
+    /// ARCHITECTURE.md's figures for serve-http are the code's.
+    #[test]
+    fn the_architecture_numbers_of_serve_http_are_the_code_s() {
+        check(
+            include_str!("../../ARCHITECTURE.md"),
+            &[
+                ("front: connections", super::door::MAX_CONNECTIONS.to_string()),
+                ("front: connections per client host", super::door::MAX_PER_PEER.to_string()),
+                ("front: pending connections per client host", super::door::MAX_PENDING_PER_PEER.to_string()),
+                ("front: pending connection lifetime", duration(super::door::PENDING_LIFETIME)),
+                ("front: client write stall", duration(super::stall::WRITE_STALL)),
+                ("front: request body", size(super::launcher::MAX_BODY as u64)),
+                ("front: request bodies in all", size(super::front::REQUEST_BUDGET as u64)),
+                ("front: request bodies per token", size(super::front::TOKEN_REQUEST_SHARE as u64)),
+                ("front: session lines in all", size(super::relay::RESPONSE_BUDGET_KIB as u64 * 1024)),
+                ("launcher: revoked token's tree killed after", duration(super::launcher::GRACE)),
+                ("launcher: ended tree killed after", duration(super::launcher::ENDED_LIMIT)),
+            ],
+        );
+    }
+}

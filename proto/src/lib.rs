@@ -1,5 +1,6 @@
 //! Shared vocabulary of the snowluma-mcp processes.
 //!
+//! * [`architecture`]: ARCHITECTURE.md's Numbers table, read back for the tests.
 //! * [`bytes`]: hex and kernel randomness, one copy for every process.
 //! * [`fdpass`]: descriptor passing (the one SCM_RIGHTS codec).
 //! * [`front`]: the `serve-http` launcher ↔ HTTP front control messages.
@@ -12,6 +13,7 @@
 //! JSON values never travel as `serde_json::Value` (postcard is not
 //! self-describing); they travel as [`msg::JsonText`], validated JSON text.
 
+pub mod architecture;
 pub mod bytes;
 pub mod fdpass;
 pub mod frame;

@@ -38,10 +38,10 @@ pub enum CallError {
 /// How long a call waits for a restarting worker before giving up.
 const AVAILABILITY_WAIT: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(50);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A worker that lived this long resets the backoff.
-const HEALTHY_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 
 struct Pending {
     reply: oneshot::Sender<Result<Reply, CallError>>,

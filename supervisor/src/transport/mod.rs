@@ -295,3 +295,24 @@ impl Transport<RoleServer> for LineTransport {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod numbers {
+    use snowluma_proto::architecture::{check, size};
+
+    /// ARCHITECTURE.md's figures for the stdio transport are the code's.
+    #[test]
+    fn the_architecture_numbers_of_the_transport_are_the_code_s() {
+        check(
+            include_str!("../../../ARCHITECTURE.md"),
+            &[
+                ("stdio line", size(super::line::MAX_LINE_BYTES as u64)),
+                ("calls in flight", super::session::MAX_IN_FLIGHT.to_string()),
+                ("memory of calls in flight", size(super::session::MAX_IN_FLIGHT_BYTES as u64)),
+                ("requests waiting", super::session::MAX_PARKED.to_string()),
+                ("memory of requests waiting", size(super::session::MAX_PARKED_BYTES as u64)),
+                ("memory cost of one message", size(super::envelope::MAX_MESSAGE_COST as u64)),
+            ],
+        );
+    }
+}

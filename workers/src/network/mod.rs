@@ -103,3 +103,26 @@ async fn execute(
     }
     client::call(net, &req, ctx).await
 }
+
+#[cfg(test)]
+mod numbers {
+    use snowluma_proto::architecture::{check, size};
+
+    /// ARCHITECTURE.md's figures for the network executor are the code's.
+    #[test]
+    fn the_architecture_numbers_of_the_network_executor_are_the_code_s() {
+        check(
+            include_str!("../../../ARCHITECTURE.md"),
+            &[
+                ("ordinary response body", size(super::MAX_BODY_BYTES as u64)),
+                ("response nesting", super::envelope::MAX_RESPONSE_DEPTH.to_string()),
+                ("SnowLuma's wording kept", super::envelope::MAX_WORDING_CHARS.to_string()),
+                ("calls to SnowLuma at once", super::client::MAX_ACTIVE_CALLS.to_string()),
+                ("streams at once", super::streams::MAX_ACTIVE_STREAMS.to_string()),
+                ("stream frame", size(super::frames::MAX_FRAME_BYTES as u64)),
+                ("event frame", size(super::events::MAX_EVENT_FRAME_BYTES as u64)),
+                ("task record", size(crate::tasks::store::MAX_RECORD_BYTES)),
+            ],
+        );
+    }
+}
