@@ -13,7 +13,8 @@
 //!   exists) [`confine_worker`] with the [`Grants`] on its command line.
 //!
 //! The pieces: [`landlock`], [`seccomp`], [`fds`] (the fixed descriptor
-//! numbers and closing the rest), [`rlimits`] (no core dumps, no
+//! numbers and closing the rest), [`role`] (one table per worker role:
+//! descriptors, channel direction, Landlock grants, seccomp lists), [`rlimits`] (no core dumps, no
 //! capabilities), [`policy`] (every process's seccomp lists and kept
 //! descriptors as data, one file per profile), [`profile`] (the entry
 //! points), [`support`] (what the kernel can enforce, the startup gate for
@@ -28,6 +29,7 @@ pub mod policy;
 pub mod probe;
 pub mod profile;
 pub mod rlimits;
+pub mod role;
 pub mod seccomp;
 pub mod support;
 

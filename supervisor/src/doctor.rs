@@ -17,14 +17,16 @@
 
 use std::io::Write;
 use std::net::TcpListener;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use serde_json::{Value, json};
-use snowluma_sandbox::fds::{FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, TASKS_DIR_FD};
+use snowluma_proto::Role;
 use snowluma_sandbox::landlock::PINNED_ABI_NUMBER;
 use snowluma_sandbox::probe::{EXEC_MARKER, HTTP_FRONT_ROLE, PROBE_ARG, Probe};
+use snowluma_sandbox::role::{self, FdKind, Slot};
 
 /// A probe the doctor runs, and what must happen.
 struct Case {
@@ -246,53 +248,50 @@ fn spawn_probe(exe: &Path, role: &str, case: &Case, s: &Setup) -> std::io::Resul
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    if role == "tasks" {
-        // The supervisor hands the task-store worker its directory at fd 4.
-        let dir = std::os::fd::OwnedFd::from(std::fs::File::open(&s.tasks)?);
-        let t = std::os::fd::AsRawFd::as_raw_fd(&dir);
-        // SAFETY: as for the file-transfer worker below: dup2 (or clearing
-        // close-on-exec) in the forked child, on a descriptor it owns.
-        unsafe {
-            cmd.pre_exec(move || {
-                use nix::libc;
-                let r = if t == TASKS_DIR_FD { libc::fcntl(t, libc::F_SETFD, 0) } else { libc::dup2(t, TASKS_DIR_FD) };
-                if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
-            });
+    // The directories the supervisor hands the role's worker, at the
+    // numbers its table gives them; each source is first moved above every
+    // target, so that placing one cannot clobber another.
+    let mut placed: Vec<(RawFd, OwnedFd)> = Vec::new();
+    if let Some(r) = Role::parse(role) {
+        for f in role::spec(r).fds {
+            if let (FdKind::Dir(_), Some(dir)) = (f.kind, probe_dir(s, f.slot)) {
+                let opened = OwnedFd::from(std::fs::File::open(dir)?);
+                let raw = nix::fcntl::fcntl(&opened, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(role::FIRST_FREE_FD))?;
+                // SAFETY: F_DUPFD_CLOEXEC just returned this new descriptor; we own it.
+                placed.push((f.fd, unsafe { OwnedFd::from_raw_fd(raw) }));
+            }
         }
-        let out = cmd.output()?;
-        drop(dir);
-        return Ok(parse_run(out));
     }
-    if role == "files" {
-        // The supervisor will hand the file-transfer worker its two
-        // directories pre-opened at fixed numbers; do the same.
-        let up = std::fs::File::open(&s.upload)?;
-        let down = std::fs::File::open(&s.download)?;
-        let (up, down) = (std::os::fd::OwnedFd::from(up), std::os::fd::OwnedFd::from(down));
-        let (u, d) = (std::os::fd::AsRawFd::as_raw_fd(&up), std::os::fd::AsRawFd::as_raw_fd(&down));
+    let plan: Vec<(RawFd, RawFd)> = placed.iter().map(|(to, from)| (from.as_raw_fd(), *to)).collect();
+    if !plan.is_empty() {
         // SAFETY: runs in the forked child before exec; dup2 is
-        // async-signal-safe and works on descriptors this process owns.
-        // dup2 onto a different number clears close-on-exec on the copy.
+        // async-signal-safe and works on descriptors this process owns
+        // (every source is above every target). dup2 onto a different
+        // number clears close-on-exec on the copy.
         unsafe {
             cmd.pre_exec(move || {
-                use nix::libc;
-                for (from, to) in [(u, FILES_UPLOAD_ROOT_FD), (d, FILES_DOWNLOAD_DIR_FD)] {
-                    if from == to {
-                        if libc::fcntl(from, libc::F_SETFD, 0) < 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    } else if libc::dup2(from, to) < 0 {
+                for (from, to) in &plan {
+                    if nix::libc::dup2(*from, *to) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
                 Ok(())
             });
         }
-        let out = cmd.output()?;
-        drop((up, down));
-        return Ok(parse_run(out));
     }
-    Ok(parse_run(cmd.output()?))
+    let out = cmd.output()?;
+    drop(placed);
+    Ok(parse_run(out))
+}
+
+/// The doctor's directory for a worker's directory descriptor.
+fn probe_dir(s: &Setup, slot: Slot) -> Option<&Path> {
+    match slot {
+        Slot::UploadRoot => Some(&s.upload),
+        Slot::DownloadDir => Some(&s.download),
+        Slot::TaskDir => Some(&s.tasks),
+        Slot::FdChannel => None,
+    }
 }
 
 fn parse_run(out: std::process::Output) -> Run {

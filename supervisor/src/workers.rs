@@ -20,6 +20,8 @@ use snowluma_proto::{
     BUILD_ID, EventMsg, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_IPC_FD,
     WorkerConfig, read_frame, write_frame,
 };
+pub use snowluma_sandbox::role::ChannelDir;
+use snowluma_sandbox::role::Slot;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -75,10 +77,25 @@ pub struct Attach {
     pub channel: Option<(i32, ChannelDir)>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChannelDir {
-    ToWorker,
-    FromWorker,
+impl Attach {
+    /// The attachments of `role`, from its table (`snowluma_sandbox::role`):
+    /// each directory the caller opened, at its slot's number, and the
+    /// role's descriptor channel if it has one. A slot the role's table
+    /// does not have is not attached.
+    pub fn for_role(role: Role, dirs: Vec<(Slot, Arc<OwnedFd>)>) -> Attach {
+        let spec = snowluma_sandbox::role::spec(role);
+        let fds = dirs
+            .into_iter()
+            .filter_map(|(slot, fd)| match spec.fd(slot) {
+                Some(f) => Some((f.fd, fd)),
+                None => {
+                    tracing::error!(worker = role.as_str(), ?slot, "the role has no such descriptor; not attached");
+                    None
+                }
+            })
+            .collect();
+        Attach { fds, channel: spec.channel() }
+    }
 }
 
 pub struct SpawnSpec {
