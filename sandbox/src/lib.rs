@@ -12,7 +12,8 @@
 //! * each worker: [`prepare_worker`], then (once its current-thread runtime
 //!   exists) [`confine_worker`] with the [`Grants`] on its command line.
 //!
-//! The pieces: [`landlock`], [`seccomp`], [`fds`] (the fixed descriptor
+//! The pieces: [`landlock`], [`seccomp`], [`exec`] (the one fork+exec path
+//! of the spawner and serve-http's launcher), [`fds`] (the fixed descriptor
 //! numbers and closing the rest), [`role`] (one table per worker role:
 //! descriptors, channel direction, Landlock grants, seccomp lists), [`rlimits`] (no core dumps, no
 //! capabilities), [`policy`] (every process's seccomp lists and kept
@@ -23,6 +24,7 @@
 //! entry points). The least-privilege matrix is written out in
 //! ARCHITECTURE.md ("Confinement").
 
+pub mod exec;
 pub mod fds;
 pub mod landlock;
 pub mod policy;

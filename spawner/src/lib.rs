@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use serde::{Deserialize, Serialize};
 use snowluma_proto::{Role, WORKER_ARG};
+use snowluma_sandbox::exec::{self, Exe, ExecSpec};
 use snowluma_sandbox::fds::SPAWNER_EXE_FD;
 use snowluma_sandbox::{ConfineError, SpawnerGrants};
 use tokio::io::Interest;
@@ -260,9 +261,9 @@ fn cstring(s: &str) -> Result<std::ffi::CString, SpawnerError> {
     std::ffi::CString::new(s).map_err(|_| SpawnerError::Protocol("a worker argument contains NUL".into()))
 }
 
-/// Start a worker: fork, place its descriptors, and execute this binary
-/// through [`SPAWNER_EXE_FD`] (`execveat` with `AT_EMPTY_PATH`, the
-/// only exec the spawner's filter allows) with an empty environment.
+/// Start a worker: this binary, executed through [`SPAWNER_EXE_FD`]
+/// (`execveat` with `AT_EMPTY_PATH`, the only exec the spawner's filter
+/// allows) with an empty environment and its descriptors placed.
 fn spawn(
     role: Role,
     log_filter: &str,
@@ -270,77 +271,25 @@ fn spawn(
     targets: &[i32],
     fds: &[OwnedFd],
 ) -> Result<Child, SpawnerError> {
-    use nix::libc;
     if targets.len() != fds.len() {
         return Err(SpawnerError::Protocol("descriptor count mismatch".into()));
     }
-    // Every source is >= 10 (above every target) so dup2 cannot clobber one.
-    let mut moved = Vec::new();
-    for fd in fds {
-        let raw = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))?;
-        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor we own.
-        moved.push(unsafe { OwnedFd::from_raw_fd(raw) });
-    }
-    let plan: Vec<(i32, i32)> = targets.iter().copied().zip(moved.iter().map(|f| f.as_raw_fd())).collect();
-    // Everything the child needs is allocated before the fork.
+    let placed: Vec<(i32, BorrowedFd<'_>)> = targets.iter().copied().zip(fds.iter().map(|f| f.as_fd())).collect();
     let mut args = vec![cstring("snowluma-mcp")?, cstring(WORKER_ARG)?, cstring(role.as_str())?, cstring(log_filter)?];
     for a in grant_args {
         args.push(cstring(a)?);
     }
-    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
-    // Reports an exec failure (errno) to us; closed by a successful exec.
-    let (err_rd, err_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    // SAFETY: the spawner is single-threaded; the child only makes
-    // async-signal-safe calls (close_range, dup2, execveat, write, _exit)
-    // on memory and descriptors prepared above, and never returns.
-    match unsafe { nix::unistd::fork() }? {
-        nix::unistd::ForkResult::Child => {
-            // SAFETY: as above; every pointer is valid until exec or _exit.
-            unsafe {
-                const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-                let _ = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
-                let mut ok = true;
-                for (target, src) in &plan {
-                    if libc::dup2(*src, *target) < 0 {
-                        ok = false;
-                        break;
-                    }
-                }
-                if ok {
-                    libc::syscall(
-                        libc::SYS_execveat,
-                        SPAWNER_EXE_FD,
-                        c"".as_ptr(),
-                        argv.as_ptr(),
-                        envp.as_ptr(),
-                        libc::AT_EMPTY_PATH,
-                    );
-                }
-                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-                let bytes = errno.to_ne_bytes();
-                libc::write(err_wr.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
-                libc::_exit(127);
-            }
-        }
-        nix::unistd::ForkResult::Parent { child } => {
-            drop(err_wr);
-            drop(moved);
-            let mut buf = [0u8; 4];
-            let n = loop {
-                match nix::unistd::read(&err_rd, &mut buf) {
-                    Err(nix::Error::EINTR) => continue,
-                    other => break other.unwrap_or(0),
-                }
-            };
-            if n == buf.len() {
-                let _ = nix::sys::wait::waitpid(child, None);
-                let e = std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf));
-                return Err(SpawnerError::Io(std::io::Error::new(e.kind(), format!("executing the worker: {e}"))));
-            }
-            Ok(Child { pid: child })
-        }
+    let spec = ExecSpec {
+        exe: Exe::Fd(SPAWNER_EXE_FD),
+        argv: &args,
+        envp: &[],
+        fds: &placed,
+        new_process_group: false,
+        default_signals: false,
+    };
+    match exec::spawn(&spec) {
+        Ok(pid) => Ok(Child { pid }),
+        Err(e) => Err(SpawnerError::Io(std::io::Error::new(e.kind(), format!("executing the worker: {e}")))),
     }
 }
 
