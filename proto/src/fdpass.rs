@@ -1,6 +1,10 @@
 //! Descriptor passing between processes: a `SOCK_SEQPACKET` socket on which
 //! each message is an 8-byte tag plus exactly one descriptor (SCM_RIGHTS).
 //!
+//! The codec underneath, one packet with its descriptors ([`send_packet`],
+//! [`recv_packet`]), is the only SCM_RIGHTS code of the workspace: the
+//! spawner's protocol (`crate::spawn`) travels on it too.
+//!
 //! This is how file bytes avoid the supervisor: the file-transfer worker
 //! opens a file and sends its descriptor; the supervisor forwards the
 //! descriptor (never the bytes) to the network executor, which reads or
@@ -44,12 +48,62 @@ pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
 
 /// Blocking send of one tagged descriptor.
 pub fn send_blocking(channel: BorrowedFd<'_>, tag: u64, fd: BorrowedFd<'_>) -> std::io::Result<()> {
-    let bytes = tag.to_le_bytes();
-    let iov = [IoSlice::new(&bytes)];
-    let fds = [fd.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    sendmsg::<()>(channel.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None).map_err(std::io::Error::from)?;
+    send_packet(channel, &tag.to_le_bytes(), &[fd])
+}
+
+/// Most descriptors one packet may carry.
+pub const MAX_PACKET_FDS: usize = 8;
+
+/// Send one packet: `bytes` with `fds` attached (SCM_RIGHTS; none if
+/// empty). Blocks unless the socket is non-blocking (then `WouldBlock`).
+pub fn send_packet(channel: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    let iov = [IoSlice::new(bytes)];
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &cmsg };
+    sendmsg::<()>(channel.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(std::io::Error::from)?;
     Ok(())
+}
+
+/// One packet received by [`recv_packet`].
+#[derive(Debug)]
+pub struct Packet {
+    /// Bytes written into the buffer (0: the peer closed the socket).
+    pub len: usize,
+    /// The descriptors it carried (close-on-exec), owned.
+    pub fds: Vec<OwnedFd>,
+    /// The descriptors did not fit (`MSG_CTRUNC`, e.g. EMFILE or more than
+    /// `max_fds`): `fds` is empty.
+    pub truncated: bool,
+}
+
+/// Receive one packet into `buf`, with at most `max_fds` descriptors
+/// (at most [`MAX_PACKET_FDS`]).
+pub fn recv_packet(channel: BorrowedFd<'_>, buf: &mut [u8], max_fds: usize) -> std::io::Result<Packet> {
+    let max_fds = max_fds.min(MAX_PACKET_FDS);
+    let payload = (max_fds * std::mem::size_of::<RawFd>()) as nix::libc::c_uint;
+    // SAFETY: CMSG_SPACE is arithmetic on its argument; it touches no memory.
+    let space_len = unsafe { nix::libc::CMSG_SPACE(payload) } as usize;
+    let mut space = vec![0u8; space_len];
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(std::io::Error::from)?;
+    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+    let mut fds = Vec::new();
+    // With MSG_CTRUNC nix refuses to walk the control messages (ENOBUFS);
+    // the packet then carries none we can use.
+    if !truncated {
+        for c in msg.cmsgs().map_err(std::io::Error::from)? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                for fd in raw {
+                    // SAFETY: the kernel just installed this descriptor in our
+                    // table for us; nothing else owns it.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                }
+            }
+        }
+    }
+    Ok(Packet { len: msg.bytes, fds, truncated })
 }
 
 /// One message from the channel.
@@ -62,37 +116,15 @@ enum Received {
     Lost(u64),
 }
 
-fn recv_one(raw: RawFd) -> Result<Received, nix::Error> {
+fn recv_one(channel: BorrowedFd<'_>) -> std::io::Result<Received> {
     let mut buf = [0u8; 8];
-    let bytes = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let mut space = nix::cmsg_space!([RawFd; 1]);
-        let msg = recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
-        let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
-        let mut got: Option<OwnedFd> = None;
-        // With MSG_CTRUNC nix refuses to walk the control messages (ENOBUFS);
-        // whatever was installed is still ours to close. A message carries
-        // one descriptor, so a truncated one carries none we can use.
-        let cmsgs = if truncated { None } else { Some(msg.cmsgs()?) };
-        for c in cmsgs.into_iter().flatten() {
-            if let ControlMessageOwned::ScmRights(fds) = c {
-                for fd in fds {
-                    // SAFETY: the kernel just installed this descriptor in our
-                    // table for us; nothing else owns it (extra ones are closed).
-                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                    if got.is_none() {
-                        got = Some(owned);
-                    }
-                }
-            }
-        }
-        (msg.bytes, got, truncated)
-    };
-    match bytes {
+    // A message carries one descriptor; extra ones are closed (dropped).
+    let p = recv_packet(channel, &mut buf, 1)?;
+    match (p.len, p.fds.into_iter().next(), p.truncated) {
         (0, None, _) => Ok(Received::Closed),
         (8, Some(fd), _) => Ok(Received::Fd(u64::from_le_bytes(buf), fd)),
         (8, None, true) => Ok(Received::Lost(u64::from_le_bytes(buf))),
-        _ => Err(nix::Error::EPROTO),
+        _ => Err(std::io::Error::from(nix::Error::EPROTO)),
     }
 }
 
@@ -145,8 +177,7 @@ impl FdReceiver {
         let task_rx = rx.clone();
         tokio::spawn(async move {
             loop {
-                let res =
-                    afd.async_io(Interest::READABLE, |fd| recv_one(fd.as_raw_fd()).map_err(std::io::Error::from)).await;
+                let res = afd.async_io(Interest::READABLE, |fd| recv_one(std::os::fd::AsFd::as_fd(fd))).await;
                 match res {
                     Ok(Received::Fd(tag, fd)) => {
                         if let Ok(mut t) = task_rx.table.lock() {

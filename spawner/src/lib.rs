@@ -8,20 +8,17 @@
 //! supervisor — the process that parses every client message — confines
 //! itself to no network, no file writes and no exec at all.
 //!
-//! Protocol (a `SOCK_SEQPACKET` pair, one message per packet, postcard):
-//! the supervisor sends [`ToSpawner::Spawn`] with the worker's descriptors
-//! attached (SCM_RIGHTS, in the order of `targets`) and [`ToSpawner::Kill`];
-//! the spawner answers [`FromSpawner::Spawned`] / [`FromSpawner::SpawnFailed`]
-//! and reports every exit with [`FromSpawner::Exited`]. When the supervisor
-//! goes away, the spawner kills its workers and exits.
+//! Protocol: [`snowluma_proto::spawn`] (typed messages framed like every
+//! other proto message, descriptors through proto's SCM_RIGHTS codec). Each
+//! worker is started by [`snowluma_sandbox::exec::spawn`], the one fork+exec
+//! path, through [`SPAWNER_EXE_FD`]. When the supervisor goes away, the
+//! spawner kills its workers and exits.
 
 use std::collections::HashMap;
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
-use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
-use serde::{Deserialize, Serialize};
+use snowluma_proto::spawn::{FromSpawner, SpawnProtoError, SpawnRequest, ToSpawner};
 use snowluma_proto::{Role, WORKER_ARG};
 use snowluma_sandbox::exec::{self, Exe, ExecSpec};
 use snowluma_sandbox::fds::SPAWNER_EXE_FD;
@@ -29,23 +26,6 @@ use snowluma_sandbox::{ConfineError, SpawnerGrants};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
-
-/// Most descriptors one spawn carries (IPC socket, two directories, a channel).
-const MAX_FDS: usize = 8;
-const MAX_MSG: usize = 8 * 1024;
-
-#[derive(Debug, Serialize, Deserialize)]
-enum ToSpawner {
-    Spawn { req: u64, role: Role, log_filter: String, grant_args: Vec<String>, targets: Vec<i32> },
-    Kill { pid: i32 },
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-enum FromSpawner {
-    Spawned { req: u64, pid: i32 },
-    SpawnFailed { req: u64, error: String },
-    Exited { pid: i32, code: Option<i32>, signal: Option<i32> },
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnerError {
@@ -59,38 +39,22 @@ pub enum SpawnerError {
     Gone,
 }
 
-fn send(fd: BorrowedFd<'_>, msg: &impl Serialize, fds: &[RawFd]) -> Result<(), SpawnerError> {
-    let bytes = postcard::to_stdvec(msg).map_err(|e| SpawnerError::Protocol(e.to_string()))?;
-    let iov = [IoSlice::new(&bytes)];
-    let cmsg = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsg };
-    sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
-    Ok(())
+impl From<SpawnProtoError> for SpawnerError {
+    fn from(e: SpawnProtoError) -> SpawnerError {
+        match e {
+            SpawnProtoError::Io(e) => SpawnerError::Io(e),
+            other => SpawnerError::Protocol(other.to_string()),
+        }
+    }
+}
+
+fn send(fd: BorrowedFd<'_>, msg: &impl serde::Serialize, fds: &[BorrowedFd<'_>]) -> Result<(), SpawnerError> {
+    Ok(snowluma_proto::spawn::send(fd, msg, fds)?)
 }
 
 /// One message and its descriptors; `None` at end of stream.
-fn recv<T: for<'de> Deserialize<'de>>(fd: RawFd) -> Result<Option<(T, Vec<OwnedFd>)>, SpawnerError> {
-    let mut buf = vec![0u8; MAX_MSG];
-    let (n, fds) = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
-        let msg = recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
-        let mut fds = Vec::new();
-        for c in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                for r in raw {
-                    // SAFETY: the kernel just installed this descriptor for us.
-                    fds.push(unsafe { OwnedFd::from_raw_fd(r) });
-                }
-            }
-        }
-        (msg.bytes, fds)
-    };
-    if n == 0 {
-        return Ok(None);
-    }
-    let msg = postcard::from_bytes(&buf[..n]).map_err(|e| SpawnerError::Protocol(e.to_string()))?;
-    Ok(Some((msg, fds)))
+fn recv<T: serde::de::DeserializeOwned>(fd: BorrowedFd<'_>) -> Result<Option<(T, Vec<OwnedFd>)>, SpawnerError> {
+    Ok(snowluma_proto::spawn::recv(fd)?)
 }
 
 // ---------------------------------------------------------------- the spawner process
@@ -190,13 +154,12 @@ fn child_main(sock: OwnedFd, grants: &SpawnerGrants<'_>) -> Result<(), SpawnerEr
     }
 
     let mut children: HashMap<i32, Child> = HashMap::new();
-    let raw = sock.as_raw_fd();
     loop {
         let mut pfd = [nix::poll::PollFd::new(sock.as_fd(), nix::poll::PollFlags::POLLIN)];
         let ready = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(100u16)).unwrap_or(0);
         if ready > 0 {
-            match recv::<ToSpawner>(raw) {
-                Ok(Some((ToSpawner::Spawn { req, role, log_filter, grant_args, targets }, fds))) => {
+            match recv::<ToSpawner>(sock.as_fd()) {
+                Ok(Some((ToSpawner::Spawn(SpawnRequest { req, role, log_filter, grant_args, targets }), fds))) => {
                     let reply = match spawn(role, &log_filter, &grant_args, &targets, &fds) {
                         Ok(child) => {
                             let pid = child.pid.as_raw();
@@ -244,7 +207,11 @@ fn child_main(sock: OwnedFd, grants: &SpawnerGrants<'_>) -> Result<(), SpawnerEr
 fn deliver(sock: BorrowedFd<'_>, msg: &FromSpawner) -> Result<bool, SpawnerError> {
     match send(sock, msg, &[]) {
         Ok(()) => Ok(true),
-        Err(SpawnerError::Sys(nix::Error::EPIPE | nix::Error::ECONNRESET | nix::Error::ENOTCONN)) => Ok(false),
+        Err(SpawnerError::Io(e))
+            if matches!(e.raw_os_error(), Some(nix::libc::EPIPE | nix::libc::ECONNRESET | nix::libc::ENOTCONN)) =>
+        {
+            Ok(false)
+        }
         Err(e) => Err(e),
     }
 }
@@ -366,8 +333,8 @@ impl SpawnerClient {
         tokio::spawn(async move {
             loop {
                 let msg = sock.async_io(Interest::READABLE, |fd| {
-                    recv::<FromSpawner>(fd.as_raw_fd()).map_err(|e| match e {
-                        SpawnerError::Sys(nix::Error::EAGAIN) => std::io::Error::from(std::io::ErrorKind::WouldBlock),
+                    recv::<FromSpawner>(fd.as_fd()).map_err(|e| match e {
+                        SpawnerError::Io(e) if e.kind() == std::io::ErrorKind::WouldBlock => e,
                         other => std::io::Error::other(other.to_string()),
                     })
                 });
@@ -410,7 +377,7 @@ impl SpawnerClient {
         Ok(client)
     }
 
-    fn send(&self, msg: &ToSpawner, fds: &[RawFd]) -> Result<(), SpawnerError> {
+    fn send(&self, msg: &ToSpawner, fds: &[BorrowedFd<'_>]) -> Result<(), SpawnerError> {
         // One small packet; the socket's buffer never fills in practice, and
         // a would-block is reported rather than waited for.
         send(self.sock.get_ref().as_fd(), msg, fds)
@@ -436,9 +403,10 @@ impl SpawnerClient {
             req
         };
         let targets: Vec<i32> = fds.iter().map(|(t, _)| *t).collect();
-        let raw: Vec<RawFd> = fds.iter().map(|(_, f)| f.as_raw_fd()).collect();
-        let msg = ToSpawner::Spawn { req, role, log_filter: log_filter.to_owned(), grant_args, targets };
-        self.send(&msg, &raw)?;
+        let attached: Vec<BorrowedFd<'_>> = fds.iter().map(|(_, f)| f.as_fd()).collect();
+        let msg = ToSpawner::Spawn(SpawnRequest { req, role, log_filter: log_filter.to_owned(), grant_args, targets });
+        self.send(&msg, &attached)?;
+        drop(attached);
         drop(fds);
         let pid = rx.await.map_err(|_| SpawnerError::Gone)?.map_err(SpawnerError::Protocol)?;
         let (etx, erx) = oneshot::channel();
