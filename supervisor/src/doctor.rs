@@ -111,55 +111,15 @@ fn forbidden(probe: Probe, args: Vec<String>, label: &str) -> Case {
 }
 
 fn cases(role: &str, s: &Setup) -> Vec<Case> {
-    let endpoint_port = Setup::port(&s.endpoint);
-    let other_port = Setup::port(&s.other);
-    let pid = format!("pid={}", s.sibling_pid());
     let outside = format!("path={}", s.dir.join(format!("outside-{role}")).display());
-    let mut v = Vec::new();
     // No role reads files it was not granted: the supervisor opens nothing
     // by path after startup, the spawner only its binary and libraries.
-    v.push(forbidden(Probe::ReadEtcPasswd, vec![], "read /etc/passwd"));
-    v.push(forbidden(Probe::ReadEtcShadow, vec![], "read /etc/shadow"));
-    v.push(forbidden(Probe::WriteOutside, vec![outside], "create a file outside its roots"));
-    match role {
-        "network" => {
-            v.push(forbidden(
-                Probe::Connect,
-                vec![format!("port={other_port}")],
-                "connect to a port other than the endpoint's",
-            ));
-            v.push(Case {
-                probe: Probe::Connect,
-                args: vec![format!("port={endpoint_port}")],
-                control: true,
-                label: "connect to the endpoint's port (control)".into(),
-            });
-            v.push(forbidden(Probe::NewSocket, vec![], "open a unix socket"));
-        }
-        "supervisor" => {
-            // It starts no process, so it needs no network at all.
-            v.push(forbidden(
-                Probe::Connect,
-                vec![format!("port={endpoint_port}")],
-                "connect over TCP (even to the endpoint's port)",
-            ));
-            v.push(forbidden(Probe::NewSocket, vec![], "open a new socket"));
-        }
-        "spawner" => {
-            // Its domain must contain the network executor's (workers nest
-            // inside it), so only the endpoint's port is open to it.
-            v.push(forbidden(
-                Probe::Connect,
-                vec![format!("port={other_port}")],
-                "connect to a port other than the endpoint's",
-            ));
-            v.push(forbidden(Probe::NewSocket, vec![], "open a unix socket"));
-        }
-        _ => {
-            v.push(forbidden(Probe::Connect, vec![format!("port={endpoint_port}")], "connect over TCP"));
-            v.push(forbidden(Probe::NewSocket, vec![], "open a new socket"));
-        }
-    }
+    let mut v = vec![
+        forbidden(Probe::ReadEtcPasswd, vec![], "read /etc/passwd"),
+        forbidden(Probe::ReadEtcShadow, vec![], "read /etc/shadow"),
+        forbidden(Probe::WriteOutside, vec![outside], "create a file outside its roots"),
+    ];
+    v.extend(network_cases(role, s));
     v.push(forbidden(Probe::UdpSend, vec![format!("port={}", s.udp_port())], "send a UDP datagram"));
     v.push(forbidden(
         Probe::UnixConnect,
@@ -167,50 +127,90 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
         "connect to a pathname unix socket",
     ));
     v.push(forbidden(Probe::PacketSocket, vec![], "open a raw AF_PACKET socket"));
-    if role == "files" {
-        v.push(forbidden(
+    match role {
+        "files" => v.extend(files_cases(s)),
+        "tasks" => v.extend(tasks_cases(s)),
+        _ => {}
+    }
+    v.extend(process_cases(s));
+    v
+}
+
+fn control(probe: Probe, args: Vec<String>, label: &str) -> Case {
+    Case { probe, args, control: true, label: label.to_owned() }
+}
+
+/// TCP and new sockets, by role.
+fn network_cases(role: &str, s: &Setup) -> Vec<Case> {
+    let endpoint_port = format!("port={}", Setup::port(&s.endpoint));
+    let other_port = format!("port={}", Setup::port(&s.other));
+    match role {
+        "network" => vec![
+            forbidden(Probe::Connect, vec![other_port], "connect to a port other than the endpoint's"),
+            control(Probe::Connect, vec![endpoint_port], "connect to the endpoint's port (control)"),
+            forbidden(Probe::NewSocket, vec![], "open a unix socket"),
+        ],
+        // It starts no process, so it needs no network at all.
+        "supervisor" => vec![
+            forbidden(Probe::Connect, vec![endpoint_port], "connect over TCP (even to the endpoint's port)"),
+            forbidden(Probe::NewSocket, vec![], "open a new socket"),
+        ],
+        // Its domain must contain the network executor's (workers nest
+        // inside it), so only the endpoint's port is open to it.
+        "spawner" => vec![
+            forbidden(Probe::Connect, vec![other_port], "connect to a port other than the endpoint's"),
+            forbidden(Probe::NewSocket, vec![], "open a unix socket"),
+        ],
+        _ => vec![
+            forbidden(Probe::Connect, vec![endpoint_port], "connect over TCP"),
+            forbidden(Probe::NewSocket, vec![], "open a new socket"),
+        ],
+    }
+}
+
+/// The file-transfer worker: its two directories, read-only and read-write.
+fn files_cases(s: &Setup) -> Vec<Case> {
+    vec![
+        forbidden(
             Probe::WriteOutside,
             vec![format!("path={}", s.upload.join("new").display())],
             "write into the (read-only) upload root",
-        ));
-        v.push(Case {
-            probe: Probe::ReadGranted,
-            args: vec!["name=probe.txt".into()],
-            control: true,
-            label: "read a file in the upload root (control)".into(),
-        });
-        v.push(Case {
-            probe: Probe::WriteOutside,
-            args: vec![format!("path={}", s.download.join("new").display())],
-            control: true,
-            label: "create a file in the download directory (control)".into(),
-        });
-    }
-    if role == "tasks" {
-        v.push(forbidden(
+        ),
+        control(Probe::ReadGranted, vec!["name=probe.txt".into()], "read a file in the upload root (control)"),
+        control(
+            Probe::WriteOutside,
+            vec![format!("path={}", s.download.join("new").display())],
+            "create a file in the download directory (control)",
+        ),
+    ]
+}
+
+/// The task-store worker: its directory only.
+fn tasks_cases(s: &Setup) -> Vec<Case> {
+    vec![
+        forbidden(
             Probe::WriteOutside,
             vec![format!("path={}", s.download.join("from-tasks").display())],
             "write into the download directory",
-        ));
-        v.push(forbidden(
+        ),
+        forbidden(
             Probe::WriteOutside,
             vec![format!("path={}", s.upload.join("from-tasks").display())],
             "write into the upload root",
-        ));
-        v.push(Case {
-            probe: Probe::ReadGranted,
-            args: vec!["name=probe.txt".into()],
-            control: true,
-            label: "read a file in the task directory (control)".into(),
-        });
-        v.push(Case {
-            probe: Probe::WriteOutside,
-            args: vec![format!("path={}", s.tasks.join("new").display())],
-            control: true,
-            label: "create a file in the task directory (control)".into(),
-        });
-    }
-    v.push(forbidden(Probe::ExecShell, vec![], "exec /bin/sh"));
+        ),
+        control(Probe::ReadGranted, vec!["name=probe.txt".into()], "read a file in the task directory (control)"),
+        control(
+            Probe::WriteOutside,
+            vec![format!("path={}", s.tasks.join("new").display())],
+            "create a file in the task directory (control)",
+        ),
+    ]
+}
+
+/// Executing programs, and reaching other processes.
+fn process_cases(s: &Setup) -> Vec<Case> {
+    let pid = format!("pid={}", s.sibling_pid());
+    let mut v = vec![forbidden(Probe::ExecShell, vec![], "exec /bin/sh")];
     if let Some(interp) = &s.interpreter {
         v.push(forbidden(Probe::ExecLoader, vec![format!("path={interp}")], "run /bin/sh through the ELF interpreter"));
     }
