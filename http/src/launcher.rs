@@ -7,8 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -267,16 +266,6 @@ fn session_args(cli: &Cli) -> Vec<OsString> {
     v
 }
 
-/// Move `fd` to a number above the ones the child's layout uses.
-fn high_dup(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
-    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
-        .map(|raw| {
-            // SAFETY: fcntl just returned this new descriptor; we own it.
-            unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) }
-        })
-        .map_err(std::io::Error::from)
-}
-
 /// Start the front: this binary, empty environment, the listener on fd 3
 /// and its control socket on fd 4; then send its setup.
 fn start_front(
@@ -284,33 +273,28 @@ fn start_front(
     filter: &str,
     unconfined_ok: bool,
     setup: FrontSetup,
-) -> Result<(tokio::process::Child, Channel), Box<dyn std::error::Error>> {
+) -> Result<(snowluma_sandbox::exec::Child, Channel), Box<dyn std::error::Error>> {
+    use snowluma_sandbox::exec::{Child, Exe, ExecSpec};
+    use std::os::fd::AsFd;
     let (ours, theirs) = snowluma_proto::fdpass::pair()?;
-    let lfd = high_dup(listener.fd())?;
-    let cfd = high_dup(std::os::fd::AsFd::as_fd(&theirs))?;
-    let (l_raw, c_raw) = (lfd.as_raw_fd(), cfd.as_raw_fd());
-    let mut cmd = std::process::Command::new("/proc/self/exe");
-    cmd.arg0("snowluma-mcp")
-        .arg(super::FRONT_ARG)
-        .arg(filter)
-        .args(unconfined_ok.then_some(snowluma_sandbox::UNCONFINED_OK_ARG))
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null());
-    // SAFETY: only dup2 (async-signal-safe) runs between fork and exec; the
-    // sources are open descriptors above 9, the targets are 3 and 4.
-    unsafe {
-        cmd.pre_exec(move || {
-            for (from, to) in [(l_raw, 3), (c_raw, 4)] {
-                if nix::libc::dup2(from, to) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
+    let null_in = std::fs::File::open("/dev/null")?;
+    let null_out = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+    let mut argv = vec![c"snowluma-mcp".to_owned(), std::ffi::CString::new(super::FRONT_ARG)?];
+    argv.push(std::ffi::CString::new(filter)?);
+    if unconfined_ok {
+        argv.push(std::ffi::CString::new(snowluma_sandbox::UNCONFINED_OK_ARG)?);
     }
-    let child = tokio::process::Command::from(cmd).kill_on_drop(true).spawn()?;
-    drop((lfd, cfd, theirs));
+    let fds = [(0, null_in.as_fd()), (1, null_out.as_fd()), (3, listener.fd()), (4, theirs.as_fd())];
+    let spec = ExecSpec {
+        exe: Exe::Path(c"/proc/self/exe"),
+        argv: &argv,
+        envp: &[],
+        fds: &fds,
+        new_process_group: false,
+        default_signals: true,
+    };
+    let child = Child::spawn(&spec)?.kill_on_drop(true);
+    drop(theirs);
     super::control::send_blocking(&ours, &super::control::ToFront::Setup(Box::new(setup)), None)?;
     Ok((child, Channel::new(ours)?))
 }
@@ -325,7 +309,12 @@ struct Signals {
     int: tokio::signal::unix::Signal,
 }
 
-async fn serve(mut front: tokio::process::Child, control: Channel, signals: Signals, serving: Serving) -> ExitCode {
+async fn serve(
+    mut front: snowluma_sandbox::exec::Child,
+    control: Channel,
+    signals: Signals,
+    serving: Serving,
+) -> ExitCode {
     let Signals { mut hup, mut term, mut int } = signals;
     let (exited_tx, mut exited_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
     let mut launcher = Launcher { control, sessions: HashMap::new(), next_session: 1, exited_tx, serving };
@@ -457,7 +446,7 @@ impl Launcher {
     /// grace period; wait for the front.
     async fn shutdown(
         &mut self,
-        front: &mut tokio::process::Child,
+        front: &mut snowluma_sandbox::exec::Child,
         exited_rx: &mut tokio::sync::mpsc::UnboundedReceiver<u64>,
     ) {
         let _ = front.start_kill();
@@ -484,16 +473,27 @@ fn spawn_session(
     args: &[OsString],
     token_id: &str,
     peer: &str,
-) -> std::io::Result<(tokio::process::Child, std::os::unix::net::UnixStream)> {
+) -> std::io::Result<(snowluma_sandbox::exec::Child, std::os::unix::net::UnixStream)> {
+    use snowluma_sandbox::exec::{Child, Exe, ExecSpec};
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStrExt;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
-    let out = ours.try_clone()?;
-    let mut cmd = std::process::Command::new("/proc/self/exe");
-    cmd.arg0("snowluma-mcp")
-        .args(args)
-        .env(super::PRINCIPAL_VAR, format!("{token_id} {peer}"))
-        .stdin(std::process::Stdio::from(OwnedFd::from(ours)))
-        .stdout(std::process::Stdio::from(OwnedFd::from(out)))
-        .process_group(0);
-    let child = tokio::process::Command::from(cmd).spawn()?;
+    let mut argv = vec![c"snowluma-mcp".to_owned()];
+    for a in args {
+        argv.push(std::ffi::CString::new(a.as_bytes())?);
+    }
+    let principal = format!("{token_id} {peer}");
+    let envp = snowluma_sandbox::exec::inherited_env_with(super::PRINCIPAL_VAR.as_ref(), principal.as_ref())?;
+    let fds = [(0, ours.as_fd()), (1, ours.as_fd())];
+    let spec = ExecSpec {
+        exe: Exe::Path(c"/proc/self/exe"),
+        argv: &argv,
+        envp: &envp,
+        fds: &fds,
+        new_process_group: true,
+        default_signals: true,
+    };
+    let child = Child::spawn(&spec)?;
+    drop(ours);
     Ok((child, theirs))
 }

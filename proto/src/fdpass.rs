@@ -7,9 +7,9 @@
 //! writes it. Received descriptors wait in a table until claimed by tag.
 //!
 //! [`send_packet`] and [`recv_packet`] are the one SCM_RIGHTS codec of the
-//! project: a packet of bytes with at most one descriptor. The tagged
-//! channel here and the `serve-http` control channel (`front.rs`, in this crate) are both
-//! built on them.
+//! project: a packet of bytes with its descriptors. The tagged channel
+//! here, the spawner's protocol (`spawn.rs`) and the `serve-http` control
+//! channel (`front.rs`) are all built on them.
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
@@ -49,30 +49,28 @@ pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
 
 /// Blocking send of one tagged descriptor.
 pub fn send_blocking(channel: BorrowedFd<'_>, tag: u64, fd: BorrowedFd<'_>) -> std::io::Result<()> {
-    send_packet(channel, &tag.to_le_bytes(), Some(fd), false)?;
+    send_packet(channel, &tag.to_le_bytes(), &[fd], false)?;
     Ok(())
 }
 
-/// Send one packet: `bytes` with `fd` attached, if any (never `SIGPIPE`).
-/// `dontwait`: fail with `EWOULDBLOCK` rather than wait for buffer space.
-/// Returns the bytes sent.
+/// Most descriptors one packet may carry.
+pub const MAX_PACKET_FDS: usize = 8;
+
+/// Send one packet: `bytes` with `fds` attached (SCM_RIGHTS; none if
+/// empty), never raising `SIGPIPE`. `dontwait`: fail with `EWOULDBLOCK`
+/// rather than wait for buffer space. Returns the bytes sent.
 pub fn send_packet(
     channel: BorrowedFd<'_>,
     bytes: &[u8],
-    fd: Option<BorrowedFd<'_>>,
+    fds: &[BorrowedFd<'_>],
     dontwait: bool,
 ) -> std::io::Result<usize> {
     let iov = [IoSlice::new(bytes)];
     let flags = if dontwait { MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT } else { MsgFlags::MSG_NOSIGNAL };
-    let sent = match fd {
-        Some(fd) => {
-            let fds = [fd.as_raw_fd()];
-            let cmsg = [ControlMessage::ScmRights(&fds)];
-            sendmsg::<()>(channel.as_raw_fd(), &iov, &cmsg, flags, None)
-        }
-        None => sendmsg::<()>(channel.as_raw_fd(), &iov, &[], flags, None),
-    };
-    sent.map_err(std::io::Error::from)
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &cmsg };
+    sendmsg::<()>(channel.as_raw_fd(), &iov, cmsgs, flags, None).map_err(std::io::Error::from)
 }
 
 /// One packet as [`recv_packet`] received it.
@@ -80,43 +78,44 @@ pub fn send_packet(
 pub struct Packet {
     /// How many bytes of the buffer it filled (0: the peer closed).
     pub len: usize,
-    /// The descriptor it carried (close-on-exec); any further ones are
-    /// closed.
-    pub fd: Option<OwnedFd>,
+    /// The descriptors it carried (close-on-exec), owned.
+    pub fds: Vec<OwnedFd>,
     /// Its bytes did not fit the buffer (`MSG_TRUNC`): the rest is lost.
     pub truncated: bool,
-    /// A descriptor was attached but the kernel could not install it
-    /// (`MSG_CTRUNC`, e.g. EMFILE): `fd` is `None`.
+    /// Descriptors were attached but did not fit (`MSG_CTRUNC`: more than
+    /// asked for, or the kernel could not install them, e.g. EMFILE):
+    /// `fds` is empty.
     pub fd_lost: bool,
 }
 
-/// Receive one packet into `buf`, with at most one descriptor.
-/// `dontwait`: fail with `EWOULDBLOCK` rather than wait for one.
-pub fn recv_packet(channel: BorrowedFd<'_>, buf: &mut [u8], dontwait: bool) -> std::io::Result<Packet> {
+/// Receive one packet into `buf`, with at most `max_fds` descriptors (at
+/// most [`MAX_PACKET_FDS`]). `dontwait`: fail with `EWOULDBLOCK` rather
+/// than wait for one.
+pub fn recv_packet(channel: BorrowedFd<'_>, buf: &mut [u8], max_fds: usize, dontwait: bool) -> std::io::Result<Packet> {
     let flags = if dontwait { MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT } else { MsgFlags::MSG_CMSG_CLOEXEC };
+    let payload = (max_fds.min(MAX_PACKET_FDS) * std::mem::size_of::<RawFd>()) as nix::libc::c_uint;
+    // SAFETY: CMSG_SPACE is arithmetic on its argument; it touches no memory.
+    let space_len = unsafe { nix::libc::CMSG_SPACE(payload) } as usize;
+    let mut space = vec![0u8; space_len];
     let mut iov = [IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
     let msg = recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut space), flags).map_err(std::io::Error::from)?;
     let fd_lost = msg.flags.contains(MsgFlags::MSG_CTRUNC);
     let truncated = msg.flags.contains(MsgFlags::MSG_TRUNC);
-    let mut got: Option<OwnedFd> = None;
+    let mut fds = Vec::new();
     // With MSG_CTRUNC nix refuses to walk the control messages (ENOBUFS);
-    // whatever was installed is still ours to close. A packet carries one
-    // descriptor, so a truncated one carries none we can use.
-    let cmsgs = if fd_lost { None } else { Some(msg.cmsgs().map_err(std::io::Error::from)?) };
-    for c in cmsgs.into_iter().flatten() {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            for fd in fds {
-                // SAFETY: the kernel just installed this descriptor in our
-                // table for us; nothing else owns it (extra ones are closed).
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                if got.is_none() {
-                    got = Some(owned);
+    // the packet then carries none we can use.
+    if !fd_lost {
+        for c in msg.cmsgs().map_err(std::io::Error::from)? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                for fd in raw {
+                    // SAFETY: the kernel just installed this descriptor in our
+                    // table for us; nothing else owns it.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
                 }
             }
         }
     }
-    Ok(Packet { len: msg.bytes, fd: got, truncated, fd_lost })
+    Ok(Packet { len: msg.bytes, fds, truncated, fd_lost })
 }
 
 /// One message from the channel.
@@ -131,8 +130,9 @@ enum Received {
 
 fn recv_one(channel: BorrowedFd<'_>) -> std::io::Result<Received> {
     let mut buf = [0u8; 8];
-    let packet = recv_packet(channel, &mut buf, false)?;
-    match (packet.len, packet.fd, packet.fd_lost) {
+    // A message carries one descriptor; extra ones are closed (dropped).
+    let packet = recv_packet(channel, &mut buf, 1, false)?;
+    match (packet.len, packet.fds.into_iter().next(), packet.fd_lost) {
         (0, None, _) => Ok(Received::Closed),
         (8, Some(fd), _) => Ok(Received::Fd(u64::from_le_bytes(buf), fd)),
         (8, None, true) => Ok(Received::Lost(u64::from_le_bytes(buf))),

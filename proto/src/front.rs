@@ -126,15 +126,15 @@ pub fn send_blocking<T: ControlMessage>(
     attach: Option<BorrowedFd<'_>>,
 ) -> Result<(), ControlError> {
     let bytes = encode(msg)?;
-    fdpass::send_packet(fd.as_fd(), &bytes, attach, false)?;
+    fdpass::send_packet(fd.as_fd(), &bytes, attach.as_slice(), false)?;
     Ok(())
 }
 
 /// Blocking receive (before a runtime exists).
 pub fn recv_blocking<T: ControlMessage>(fd: &OwnedFd) -> Result<(T, Option<OwnedFd>), ControlError> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut packet = fdpass::recv_packet(fd.as_fd(), &mut buf, false)?;
-    Ok((decode(&packet, &buf)?, packet.fd.take()))
+    let packet = fdpass::recv_packet(fd.as_fd(), &mut buf, 1, false)?;
+    Ok((decode(&packet, &buf)?, packet.fds.into_iter().next()))
 }
 
 /// One end of the channel on a tokio runtime (the socket is made
@@ -161,15 +161,17 @@ impl<Out: ControlMessage, In: ControlMessage> Channel<Out, In> {
 
     pub async fn send(&self, msg: &Out, attach: Option<BorrowedFd<'_>>) -> Result<(), ControlError> {
         let bytes = encode(msg)?;
-        self.fd.async_io(Interest::WRITABLE, |fd| fdpass::send_packet(fd.as_fd(), &bytes, attach, true)).await?;
+        self.fd
+            .async_io(Interest::WRITABLE, |fd| fdpass::send_packet(fd.as_fd(), &bytes, attach.as_slice(), true))
+            .await?;
         Ok(())
     }
 
     pub async fn recv(&self) -> Result<(In, Option<OwnedFd>), ControlError> {
         let mut buf = vec![0u8; MAX_MESSAGE];
-        let mut packet =
-            self.fd.async_io(Interest::READABLE, |fd| fdpass::recv_packet(fd.as_fd(), &mut buf, true)).await?;
-        Ok((decode(&packet, &buf)?, packet.fd.take()))
+        let packet =
+            self.fd.async_io(Interest::READABLE, |fd| fdpass::recv_packet(fd.as_fd(), &mut buf, 1, true)).await?;
+        Ok((decode(&packet, &buf)?, packet.fds.into_iter().next()))
     }
 }
 
@@ -283,10 +285,10 @@ mod tests {
         trailing[0] += 1;
         let json = br#"{"SpawnFailed":{"req":1}}"#.to_vec();
         for bad in [vec![1u8, 2], lying, trailing, json, vec![0u8; MAX_MESSAGE + 1]] {
-            fdpass::send_packet(a.as_fd(), &bad, None, false).unwrap();
+            fdpass::send_packet(a.as_fd(), &bad, &[], false).unwrap();
             assert!(matches!(recv_blocking::<ToFront>(&b), Err(ControlError::Malformed)));
         }
-        fdpass::send_packet(a.as_fd(), &good, None, false).unwrap();
+        fdpass::send_packet(a.as_fd(), &good, &[], false).unwrap();
         assert!(recv_blocking::<ToFront>(&b).unwrap().0 == ToFront::SpawnFailed { req: 1 });
     }
 }

@@ -9,6 +9,7 @@
 //! * [`msg`]: the typed messages that travel in those frames, and the handshake.
 //! * [`outcome`]: the result/diagnostic envelope every tool returns.
 //! * [`sockio`]: the socket halves the frames travel on (woken for input only).
+//! * [`spawn`]: the spawner's protocol (start and stop workers), on [`fdpass`]'s codec.
 //!
 //! JSON values never travel as `serde_json::Value` (postcard is not
 //! self-describing); they travel as [`msg::JsonText`], validated JSON text.
@@ -23,6 +24,7 @@ pub mod msg;
 pub mod outcome;
 pub mod session;
 pub mod sockio;
+pub mod spawn;
 pub mod task;
 pub mod text;
 pub mod texts;

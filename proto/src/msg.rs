@@ -161,7 +161,8 @@ pub enum WorkerConfig {
 }
 
 /// The file-transfer worker's settings; its directories arrive as
-/// descriptors ([`FILES_UPLOAD_ROOT_FD`], [`FILES_DOWNLOAD_DIR_FD`]).
+/// descriptors, at the numbers its role's table gives them
+/// (`snowluma_sandbox::role::FILES`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FilesConfig {
     pub upload_enabled: bool,
@@ -171,15 +172,6 @@ pub struct FilesConfig {
     /// worker opens nothing by these paths; it compares them).
     pub upload_root_paths: Vec<String>,
 }
-
-/// Descriptor numbers of the file-transfer worker (besides [`WORKER_IPC_FD`]).
-pub const FILES_UPLOAD_ROOT_FD: i32 = 4;
-pub const FILES_DOWNLOAD_DIR_FD: i32 = 5;
-pub const FILES_FD_CHANNEL: i32 = 6;
-/// Descriptor of the network executor's fd channel.
-pub const NETWORK_FD_CHANNEL: i32 = 4;
-/// The task-store worker's task directory (read-write).
-pub const TASKS_DIR_FD: i32 = 4;
 
 #[derive(Clone, Serialize, Deserialize)]
 pub struct NetworkConfig {

@@ -1,9 +1,9 @@
 //! Descriptors: the fixed numbers every process finds its grants on, and
 //! hygiene (close every descriptor except the ones a role keeps).
 //!
-//! The numbers a worker receives are IPC vocabulary shared with the
-//! supervisor and the workers, defined once in `snowluma_proto` and
-//! re-exported here; the spawner's executable descriptor is the sandbox's own.
+//! The numbers a worker receives are defined once, in its role's table
+//! ([`crate::role`]), and re-exported here; the spawner's executable
+//! descriptor is the sandbox's own.
 //!
 //! The supervisor already marks everything above the IPC socket
 //! close-on-exec; [`close_all_except`] is the worker's own check, done before
@@ -12,7 +12,7 @@
 
 use std::os::fd::RawFd;
 
-pub use snowluma_proto::{
+pub use crate::role::{
     FILES_DOWNLOAD_DIR_FD, FILES_FD_CHANNEL, FILES_UPLOAD_ROOT_FD, NETWORK_FD_CHANNEL, TASKS_DIR_FD, WORKER_IPC_FD,
 };
 

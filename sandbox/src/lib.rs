@@ -12,8 +12,10 @@
 //! * each worker: [`prepare_worker`], then (once its current-thread runtime
 //!   exists) [`confine_worker`] with the [`Grants`] on its command line.
 //!
-//! The pieces: [`landlock`], [`seccomp`], [`fds`] (the fixed descriptor
-//! numbers and closing the rest), [`rlimits`] (no core dumps, no
+//! The pieces: [`landlock`], [`seccomp`], [`exec`] (the one fork+exec path
+//! of the spawner and serve-http's launcher), [`fds`] (the fixed descriptor
+//! numbers and closing the rest), [`role`] (one table per worker role:
+//! descriptors, channel direction, Landlock grants, seccomp lists), [`rlimits`] (no core dumps, no
 //! capabilities), [`policy`] (every process's seccomp lists and kept
 //! descriptors as data, one file per profile), [`profile`] (the entry
 //! points), [`support`] (what the kernel can enforce, the startup gate for
@@ -22,12 +24,14 @@
 //! entry points). The least-privilege matrix is written out in
 //! ARCHITECTURE.md ("Confinement").
 
+pub mod exec;
 pub mod fds;
 pub mod landlock;
 pub mod policy;
 pub mod probe;
 pub mod profile;
 pub mod rlimits;
+pub mod role;
 pub mod seccomp;
 pub mod support;
 

@@ -8,43 +8,24 @@
 //! supervisor — the process that parses every client message — confines
 //! itself to no network, no file writes and no exec at all.
 //!
-//! Protocol (a `SOCK_SEQPACKET` pair, one message per packet, postcard):
-//! the supervisor sends [`ToSpawner::Spawn`] with the worker's descriptors
-//! attached (SCM_RIGHTS, in the order of `targets`) and [`ToSpawner::Kill`];
-//! the spawner answers [`FromSpawner::Spawned`] / [`FromSpawner::SpawnFailed`]
-//! and reports every exit with [`FromSpawner::Exited`]. When the supervisor
-//! goes away, the spawner kills its workers and exits.
+//! Protocol: [`snowluma_proto::spawn`] (typed messages framed like every
+//! other proto message, descriptors through proto's SCM_RIGHTS codec). Each
+//! worker is started by [`snowluma_sandbox::exec::spawn`], the one fork+exec
+//! path, through [`SPAWNER_EXE_FD`]. When the supervisor goes away, the
+//! spawner kills its workers and exits.
 
 use std::collections::HashMap;
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
-use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
-use serde::{Deserialize, Serialize};
+use snowluma_proto::spawn::{FromSpawner, SpawnProtoError, SpawnRequest, ToSpawner};
 use snowluma_proto::{Role, WORKER_ARG};
+use snowluma_sandbox::exec::{self, Exe, ExecSpec};
 use snowluma_sandbox::fds::SPAWNER_EXE_FD;
 use snowluma_sandbox::{ConfineError, SpawnerGrants};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
-
-/// Most descriptors one spawn carries (IPC socket, two directories, a channel).
-const MAX_FDS: usize = 8;
-const MAX_MSG: usize = 8 * 1024;
-
-#[derive(Debug, Serialize, Deserialize)]
-enum ToSpawner {
-    Spawn { req: u64, role: Role, log_filter: String, grant_args: Vec<String>, targets: Vec<i32> },
-    Kill { pid: i32 },
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-enum FromSpawner {
-    Spawned { req: u64, pid: i32 },
-    SpawnFailed { req: u64, error: String },
-    Exited { pid: i32, code: Option<i32>, signal: Option<i32> },
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnerError {
@@ -58,38 +39,22 @@ pub enum SpawnerError {
     Gone,
 }
 
-fn send(fd: BorrowedFd<'_>, msg: &impl Serialize, fds: &[RawFd]) -> Result<(), SpawnerError> {
-    let bytes = postcard::to_stdvec(msg).map_err(|e| SpawnerError::Protocol(e.to_string()))?;
-    let iov = [IoSlice::new(&bytes)];
-    let cmsg = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsg };
-    sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
-    Ok(())
+impl From<SpawnProtoError> for SpawnerError {
+    fn from(e: SpawnProtoError) -> SpawnerError {
+        match e {
+            SpawnProtoError::Io(e) => SpawnerError::Io(e),
+            other => SpawnerError::Protocol(other.to_string()),
+        }
+    }
+}
+
+fn send(fd: BorrowedFd<'_>, msg: &impl serde::Serialize, fds: &[BorrowedFd<'_>]) -> Result<(), SpawnerError> {
+    Ok(snowluma_proto::spawn::send(fd, msg, fds)?)
 }
 
 /// One message and its descriptors; `None` at end of stream.
-fn recv<T: for<'de> Deserialize<'de>>(fd: RawFd) -> Result<Option<(T, Vec<OwnedFd>)>, SpawnerError> {
-    let mut buf = vec![0u8; MAX_MSG];
-    let (n, fds) = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
-        let msg = recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
-        let mut fds = Vec::new();
-        for c in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                for r in raw {
-                    // SAFETY: the kernel just installed this descriptor for us.
-                    fds.push(unsafe { OwnedFd::from_raw_fd(r) });
-                }
-            }
-        }
-        (msg.bytes, fds)
-    };
-    if n == 0 {
-        return Ok(None);
-    }
-    let msg = postcard::from_bytes(&buf[..n]).map_err(|e| SpawnerError::Protocol(e.to_string()))?;
-    Ok(Some((msg, fds)))
+fn recv<T: serde::de::DeserializeOwned>(fd: BorrowedFd<'_>) -> Result<Option<(T, Vec<OwnedFd>)>, SpawnerError> {
+    Ok(snowluma_proto::spawn::recv(fd)?)
 }
 
 // ---------------------------------------------------------------- the spawner process
@@ -189,13 +154,12 @@ fn child_main(sock: OwnedFd, grants: &SpawnerGrants<'_>) -> Result<(), SpawnerEr
     }
 
     let mut children: HashMap<i32, Child> = HashMap::new();
-    let raw = sock.as_raw_fd();
     loop {
         let mut pfd = [nix::poll::PollFd::new(sock.as_fd(), nix::poll::PollFlags::POLLIN)];
         let ready = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(100u16)).unwrap_or(0);
         if ready > 0 {
-            match recv::<ToSpawner>(raw) {
-                Ok(Some((ToSpawner::Spawn { req, role, log_filter, grant_args, targets }, fds))) => {
+            match recv::<ToSpawner>(sock.as_fd()) {
+                Ok(Some((ToSpawner::Spawn(SpawnRequest { req, role, log_filter, grant_args, targets }), fds))) => {
                     let reply = match spawn(role, &log_filter, &grant_args, &targets, &fds) {
                         Ok(child) => {
                             let pid = child.pid.as_raw();
@@ -243,7 +207,11 @@ fn child_main(sock: OwnedFd, grants: &SpawnerGrants<'_>) -> Result<(), SpawnerEr
 fn deliver(sock: BorrowedFd<'_>, msg: &FromSpawner) -> Result<bool, SpawnerError> {
     match send(sock, msg, &[]) {
         Ok(()) => Ok(true),
-        Err(SpawnerError::Sys(nix::Error::EPIPE | nix::Error::ECONNRESET | nix::Error::ENOTCONN)) => Ok(false),
+        Err(SpawnerError::Io(e))
+            if matches!(e.raw_os_error(), Some(nix::libc::EPIPE | nix::libc::ECONNRESET | nix::libc::ENOTCONN)) =>
+        {
+            Ok(false)
+        }
         Err(e) => Err(e),
     }
 }
@@ -260,9 +228,9 @@ fn cstring(s: &str) -> Result<std::ffi::CString, SpawnerError> {
     std::ffi::CString::new(s).map_err(|_| SpawnerError::Protocol("a worker argument contains NUL".into()))
 }
 
-/// Start a worker: fork, place its descriptors, and execute this binary
-/// through [`SPAWNER_EXE_FD`] (`execveat` with `AT_EMPTY_PATH`, the
-/// only exec the spawner's filter allows) with an empty environment.
+/// Start a worker: this binary, executed through [`SPAWNER_EXE_FD`]
+/// (`execveat` with `AT_EMPTY_PATH`, the only exec the spawner's filter
+/// allows) with an empty environment and its descriptors placed.
 fn spawn(
     role: Role,
     log_filter: &str,
@@ -270,77 +238,25 @@ fn spawn(
     targets: &[i32],
     fds: &[OwnedFd],
 ) -> Result<Child, SpawnerError> {
-    use nix::libc;
     if targets.len() != fds.len() {
         return Err(SpawnerError::Protocol("descriptor count mismatch".into()));
     }
-    // Every source is >= 10 (above every target) so dup2 cannot clobber one.
-    let mut moved = Vec::new();
-    for fd in fds {
-        let raw = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))?;
-        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor we own.
-        moved.push(unsafe { OwnedFd::from_raw_fd(raw) });
-    }
-    let plan: Vec<(i32, i32)> = targets.iter().copied().zip(moved.iter().map(|f| f.as_raw_fd())).collect();
-    // Everything the child needs is allocated before the fork.
+    let placed: Vec<(i32, BorrowedFd<'_>)> = targets.iter().copied().zip(fds.iter().map(|f| f.as_fd())).collect();
     let mut args = vec![cstring("snowluma-mcp")?, cstring(WORKER_ARG)?, cstring(role.as_str())?, cstring(log_filter)?];
     for a in grant_args {
         args.push(cstring(a)?);
     }
-    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
-    // Reports an exec failure (errno) to us; closed by a successful exec.
-    let (err_rd, err_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    // SAFETY: the spawner is single-threaded; the child only makes
-    // async-signal-safe calls (close_range, dup2, execveat, write, _exit)
-    // on memory and descriptors prepared above, and never returns.
-    match unsafe { nix::unistd::fork() }? {
-        nix::unistd::ForkResult::Child => {
-            // SAFETY: as above; every pointer is valid until exec or _exit.
-            unsafe {
-                const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-                let _ = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
-                let mut ok = true;
-                for (target, src) in &plan {
-                    if libc::dup2(*src, *target) < 0 {
-                        ok = false;
-                        break;
-                    }
-                }
-                if ok {
-                    libc::syscall(
-                        libc::SYS_execveat,
-                        SPAWNER_EXE_FD,
-                        c"".as_ptr(),
-                        argv.as_ptr(),
-                        envp.as_ptr(),
-                        libc::AT_EMPTY_PATH,
-                    );
-                }
-                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-                let bytes = errno.to_ne_bytes();
-                libc::write(err_wr.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
-                libc::_exit(127);
-            }
-        }
-        nix::unistd::ForkResult::Parent { child } => {
-            drop(err_wr);
-            drop(moved);
-            let mut buf = [0u8; 4];
-            let n = loop {
-                match nix::unistd::read(&err_rd, &mut buf) {
-                    Err(nix::Error::EINTR) => continue,
-                    other => break other.unwrap_or(0),
-                }
-            };
-            if n == buf.len() {
-                let _ = nix::sys::wait::waitpid(child, None);
-                let e = std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf));
-                return Err(SpawnerError::Io(std::io::Error::new(e.kind(), format!("executing the worker: {e}"))));
-            }
-            Ok(Child { pid: child })
-        }
+    let spec = ExecSpec {
+        exe: Exe::Fd(SPAWNER_EXE_FD),
+        argv: &args,
+        envp: &[],
+        fds: &placed,
+        new_process_group: false,
+        default_signals: false,
+    };
+    match exec::spawn(&spec) {
+        Ok(pid) => Ok(Child { pid }),
+        Err(e) => Err(SpawnerError::Io(std::io::Error::new(e.kind(), format!("executing the worker: {e}")))),
     }
 }
 
@@ -417,8 +333,8 @@ impl SpawnerClient {
         tokio::spawn(async move {
             loop {
                 let msg = sock.async_io(Interest::READABLE, |fd| {
-                    recv::<FromSpawner>(fd.as_raw_fd()).map_err(|e| match e {
-                        SpawnerError::Sys(nix::Error::EAGAIN) => std::io::Error::from(std::io::ErrorKind::WouldBlock),
+                    recv::<FromSpawner>(fd.as_fd()).map_err(|e| match e {
+                        SpawnerError::Io(e) if e.kind() == std::io::ErrorKind::WouldBlock => e,
                         other => std::io::Error::other(other.to_string()),
                     })
                 });
@@ -461,7 +377,7 @@ impl SpawnerClient {
         Ok(client)
     }
 
-    fn send(&self, msg: &ToSpawner, fds: &[RawFd]) -> Result<(), SpawnerError> {
+    fn send(&self, msg: &ToSpawner, fds: &[BorrowedFd<'_>]) -> Result<(), SpawnerError> {
         // One small packet; the socket's buffer never fills in practice, and
         // a would-block is reported rather than waited for.
         send(self.sock.get_ref().as_fd(), msg, fds)
@@ -487,9 +403,10 @@ impl SpawnerClient {
             req
         };
         let targets: Vec<i32> = fds.iter().map(|(t, _)| *t).collect();
-        let raw: Vec<RawFd> = fds.iter().map(|(_, f)| f.as_raw_fd()).collect();
-        let msg = ToSpawner::Spawn { req, role, log_filter: log_filter.to_owned(), grant_args, targets };
-        self.send(&msg, &raw)?;
+        let attached: Vec<BorrowedFd<'_>> = fds.iter().map(|(_, f)| f.as_fd()).collect();
+        let msg = ToSpawner::Spawn(SpawnRequest { req, role, log_filter: log_filter.to_owned(), grant_args, targets });
+        self.send(&msg, &attached)?;
+        drop(attached);
         drop(fds);
         let pid = rx.await.map_err(|_| SpawnerError::Gone)?.map_err(SpawnerError::Protocol)?;
         let (etx, erx) = oneshot::channel();

@@ -17,14 +17,16 @@
 
 use std::io::Write;
 use std::net::TcpListener;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use serde_json::{Value, json};
-use snowluma_sandbox::fds::{FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, TASKS_DIR_FD};
+use snowluma_proto::Role;
 use snowluma_sandbox::landlock::PINNED_ABI_NUMBER;
 use snowluma_sandbox::probe::{EXEC_MARKER, HTTP_FRONT_ROLE, PROBE_ARG, Probe};
+use snowluma_sandbox::role::{self, FdKind, Slot};
 
 /// A probe the doctor runs, and what must happen.
 struct Case {
@@ -109,55 +111,15 @@ fn forbidden(probe: Probe, args: Vec<String>, label: &str) -> Case {
 }
 
 fn cases(role: &str, s: &Setup) -> Vec<Case> {
-    let endpoint_port = Setup::port(&s.endpoint);
-    let other_port = Setup::port(&s.other);
-    let pid = format!("pid={}", s.sibling_pid());
     let outside = format!("path={}", s.dir.join(format!("outside-{role}")).display());
-    let mut v = Vec::new();
     // No role reads files it was not granted: the supervisor opens nothing
     // by path after startup, the spawner only its binary and libraries.
-    v.push(forbidden(Probe::ReadEtcPasswd, vec![], "read /etc/passwd"));
-    v.push(forbidden(Probe::ReadEtcShadow, vec![], "read /etc/shadow"));
-    v.push(forbidden(Probe::WriteOutside, vec![outside], "create a file outside its roots"));
-    match role {
-        "network" => {
-            v.push(forbidden(
-                Probe::Connect,
-                vec![format!("port={other_port}")],
-                "connect to a port other than the endpoint's",
-            ));
-            v.push(Case {
-                probe: Probe::Connect,
-                args: vec![format!("port={endpoint_port}")],
-                control: true,
-                label: "connect to the endpoint's port (control)".into(),
-            });
-            v.push(forbidden(Probe::NewSocket, vec![], "open a unix socket"));
-        }
-        "supervisor" => {
-            // It starts no process, so it needs no network at all.
-            v.push(forbidden(
-                Probe::Connect,
-                vec![format!("port={endpoint_port}")],
-                "connect over TCP (even to the endpoint's port)",
-            ));
-            v.push(forbidden(Probe::NewSocket, vec![], "open a new socket"));
-        }
-        "spawner" => {
-            // Its domain must contain the network executor's (workers nest
-            // inside it), so only the endpoint's port is open to it.
-            v.push(forbidden(
-                Probe::Connect,
-                vec![format!("port={other_port}")],
-                "connect to a port other than the endpoint's",
-            ));
-            v.push(forbidden(Probe::NewSocket, vec![], "open a unix socket"));
-        }
-        _ => {
-            v.push(forbidden(Probe::Connect, vec![format!("port={endpoint_port}")], "connect over TCP"));
-            v.push(forbidden(Probe::NewSocket, vec![], "open a new socket"));
-        }
-    }
+    let mut v = vec![
+        forbidden(Probe::ReadEtcPasswd, vec![], "read /etc/passwd"),
+        forbidden(Probe::ReadEtcShadow, vec![], "read /etc/shadow"),
+        forbidden(Probe::WriteOutside, vec![outside], "create a file outside its roots"),
+    ];
+    v.extend(network_cases(role, s));
     v.push(forbidden(Probe::UdpSend, vec![format!("port={}", s.udp_port())], "send a UDP datagram"));
     v.push(forbidden(
         Probe::UnixConnect,
@@ -165,50 +127,90 @@ fn cases(role: &str, s: &Setup) -> Vec<Case> {
         "connect to a pathname unix socket",
     ));
     v.push(forbidden(Probe::PacketSocket, vec![], "open a raw AF_PACKET socket"));
-    if role == "files" {
-        v.push(forbidden(
+    match role {
+        "files" => v.extend(files_cases(s)),
+        "tasks" => v.extend(tasks_cases(s)),
+        _ => {}
+    }
+    v.extend(process_cases(s));
+    v
+}
+
+fn control(probe: Probe, args: Vec<String>, label: &str) -> Case {
+    Case { probe, args, control: true, label: label.to_owned() }
+}
+
+/// TCP and new sockets, by role.
+fn network_cases(role: &str, s: &Setup) -> Vec<Case> {
+    let endpoint_port = format!("port={}", Setup::port(&s.endpoint));
+    let other_port = format!("port={}", Setup::port(&s.other));
+    match role {
+        "network" => vec![
+            forbidden(Probe::Connect, vec![other_port], "connect to a port other than the endpoint's"),
+            control(Probe::Connect, vec![endpoint_port], "connect to the endpoint's port (control)"),
+            forbidden(Probe::NewSocket, vec![], "open a unix socket"),
+        ],
+        // It starts no process, so it needs no network at all.
+        "supervisor" => vec![
+            forbidden(Probe::Connect, vec![endpoint_port], "connect over TCP (even to the endpoint's port)"),
+            forbidden(Probe::NewSocket, vec![], "open a new socket"),
+        ],
+        // Its domain must contain the network executor's (workers nest
+        // inside it), so only the endpoint's port is open to it.
+        "spawner" => vec![
+            forbidden(Probe::Connect, vec![other_port], "connect to a port other than the endpoint's"),
+            forbidden(Probe::NewSocket, vec![], "open a unix socket"),
+        ],
+        _ => vec![
+            forbidden(Probe::Connect, vec![endpoint_port], "connect over TCP"),
+            forbidden(Probe::NewSocket, vec![], "open a new socket"),
+        ],
+    }
+}
+
+/// The file-transfer worker: its two directories, read-only and read-write.
+fn files_cases(s: &Setup) -> Vec<Case> {
+    vec![
+        forbidden(
             Probe::WriteOutside,
             vec![format!("path={}", s.upload.join("new").display())],
             "write into the (read-only) upload root",
-        ));
-        v.push(Case {
-            probe: Probe::ReadGranted,
-            args: vec!["name=probe.txt".into()],
-            control: true,
-            label: "read a file in the upload root (control)".into(),
-        });
-        v.push(Case {
-            probe: Probe::WriteOutside,
-            args: vec![format!("path={}", s.download.join("new").display())],
-            control: true,
-            label: "create a file in the download directory (control)".into(),
-        });
-    }
-    if role == "tasks" {
-        v.push(forbidden(
+        ),
+        control(Probe::ReadGranted, vec!["name=probe.txt".into()], "read a file in the upload root (control)"),
+        control(
+            Probe::WriteOutside,
+            vec![format!("path={}", s.download.join("new").display())],
+            "create a file in the download directory (control)",
+        ),
+    ]
+}
+
+/// The task-store worker: its directory only.
+fn tasks_cases(s: &Setup) -> Vec<Case> {
+    vec![
+        forbidden(
             Probe::WriteOutside,
             vec![format!("path={}", s.download.join("from-tasks").display())],
             "write into the download directory",
-        ));
-        v.push(forbidden(
+        ),
+        forbidden(
             Probe::WriteOutside,
             vec![format!("path={}", s.upload.join("from-tasks").display())],
             "write into the upload root",
-        ));
-        v.push(Case {
-            probe: Probe::ReadGranted,
-            args: vec!["name=probe.txt".into()],
-            control: true,
-            label: "read a file in the task directory (control)".into(),
-        });
-        v.push(Case {
-            probe: Probe::WriteOutside,
-            args: vec![format!("path={}", s.tasks.join("new").display())],
-            control: true,
-            label: "create a file in the task directory (control)".into(),
-        });
-    }
-    v.push(forbidden(Probe::ExecShell, vec![], "exec /bin/sh"));
+        ),
+        control(Probe::ReadGranted, vec!["name=probe.txt".into()], "read a file in the task directory (control)"),
+        control(
+            Probe::WriteOutside,
+            vec![format!("path={}", s.tasks.join("new").display())],
+            "create a file in the task directory (control)",
+        ),
+    ]
+}
+
+/// Executing programs, and reaching other processes.
+fn process_cases(s: &Setup) -> Vec<Case> {
+    let pid = format!("pid={}", s.sibling_pid());
+    let mut v = vec![forbidden(Probe::ExecShell, vec![], "exec /bin/sh")];
     if let Some(interp) = &s.interpreter {
         v.push(forbidden(Probe::ExecLoader, vec![format!("path={interp}")], "run /bin/sh through the ELF interpreter"));
     }
@@ -246,53 +248,50 @@ fn spawn_probe(exe: &Path, role: &str, case: &Case, s: &Setup) -> std::io::Resul
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    if role == "tasks" {
-        // The supervisor hands the task-store worker its directory at fd 4.
-        let dir = std::os::fd::OwnedFd::from(std::fs::File::open(&s.tasks)?);
-        let t = std::os::fd::AsRawFd::as_raw_fd(&dir);
-        // SAFETY: as for the file-transfer worker below: dup2 (or clearing
-        // close-on-exec) in the forked child, on a descriptor it owns.
-        unsafe {
-            cmd.pre_exec(move || {
-                use nix::libc;
-                let r = if t == TASKS_DIR_FD { libc::fcntl(t, libc::F_SETFD, 0) } else { libc::dup2(t, TASKS_DIR_FD) };
-                if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
-            });
+    // The directories the supervisor hands the role's worker, at the
+    // numbers its table gives them; each source is first moved above every
+    // target, so that placing one cannot clobber another.
+    let mut placed: Vec<(RawFd, OwnedFd)> = Vec::new();
+    if let Some(r) = Role::parse(role) {
+        for f in role::spec(r).fds {
+            if let (FdKind::Dir(_), Some(dir)) = (f.kind, probe_dir(s, f.slot)) {
+                let opened = OwnedFd::from(std::fs::File::open(dir)?);
+                let raw = nix::fcntl::fcntl(&opened, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(role::FIRST_FREE_FD))?;
+                // SAFETY: F_DUPFD_CLOEXEC just returned this new descriptor; we own it.
+                placed.push((f.fd, unsafe { OwnedFd::from_raw_fd(raw) }));
+            }
         }
-        let out = cmd.output()?;
-        drop(dir);
-        return Ok(parse_run(out));
     }
-    if role == "files" {
-        // The supervisor will hand the file-transfer worker its two
-        // directories pre-opened at fixed numbers; do the same.
-        let up = std::fs::File::open(&s.upload)?;
-        let down = std::fs::File::open(&s.download)?;
-        let (up, down) = (std::os::fd::OwnedFd::from(up), std::os::fd::OwnedFd::from(down));
-        let (u, d) = (std::os::fd::AsRawFd::as_raw_fd(&up), std::os::fd::AsRawFd::as_raw_fd(&down));
+    let plan: Vec<(RawFd, RawFd)> = placed.iter().map(|(to, from)| (from.as_raw_fd(), *to)).collect();
+    if !plan.is_empty() {
         // SAFETY: runs in the forked child before exec; dup2 is
-        // async-signal-safe and works on descriptors this process owns.
-        // dup2 onto a different number clears close-on-exec on the copy.
+        // async-signal-safe and works on descriptors this process owns
+        // (every source is above every target). dup2 onto a different
+        // number clears close-on-exec on the copy.
         unsafe {
             cmd.pre_exec(move || {
-                use nix::libc;
-                for (from, to) in [(u, FILES_UPLOAD_ROOT_FD), (d, FILES_DOWNLOAD_DIR_FD)] {
-                    if from == to {
-                        if libc::fcntl(from, libc::F_SETFD, 0) < 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    } else if libc::dup2(from, to) < 0 {
+                for (from, to) in &plan {
+                    if nix::libc::dup2(*from, *to) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
                 Ok(())
             });
         }
-        let out = cmd.output()?;
-        drop((up, down));
-        return Ok(parse_run(out));
     }
-    Ok(parse_run(cmd.output()?))
+    let out = cmd.output()?;
+    drop(placed);
+    Ok(parse_run(out))
+}
+
+/// The doctor's directory for a worker's directory descriptor.
+fn probe_dir(s: &Setup, slot: Slot) -> Option<&Path> {
+    match slot {
+        Slot::UploadRoot => Some(&s.upload),
+        Slot::DownloadDir => Some(&s.download),
+        Slot::TaskDir => Some(&s.tasks),
+        Slot::FdChannel => None,
+    }
 }
 
 fn parse_run(out: std::process::Output) -> Run {

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use rmcp::ServiceExt;
 use snowluma_config::Config;
 use snowluma_proto::{NetworkConfig, Role, WorkerConfig};
+use snowluma_sandbox::role::Slot;
 use snowluma_spawner::SpawnerClient;
 use tokio_util::sync::CancellationToken;
 
 use crate::server::{self, SnowlumaServer, Workers};
 use crate::startup::{Ended, Spawner, Started};
-use crate::workers::{Attach, ChannelDir, SpawnSpec, WorkerSlot};
+
+use crate::workers::{Attach, SpawnSpec, WorkerSlot};
 use crate::{completion, events, preview, tasks, transfers};
 
 /// The session's worker slots, by role.
@@ -56,7 +58,7 @@ pub(crate) async fn run(started: Started, (sock, pid): Spawner) -> Result<Ended,
         Role::Catalog,
         WorkerConfig::Catalog { denied: policy.denied() },
         spec.clone(),
-        Attach::default(),
+        Attach::for_role(Role::Catalog, Vec::new()),
     );
     let network = start_network(&config, &spec, NetworkSecrets { token, events_token, resolved, events_resolved });
     // File transfers (write mode): the directories are opened at start-up
@@ -75,7 +77,7 @@ pub(crate) async fn run(started: Started, (sock, pid): Spawner) -> Result<Ended,
             Role::Tasks,
             WorkerConfig::Tasks { config_digest, owner },
             spec.clone(),
-            Attach { fds: vec![(snowluma_proto::TASKS_DIR_FD, fd)], channel: None },
+            Attach::for_role(Role::Tasks, vec![(Slot::TaskDir, fd)]),
         )),
         _ => None,
     };
@@ -129,7 +131,7 @@ fn start_network(config: &Config, spec: &Arc<SpawnSpec>, mut secrets: NetworkSec
         Role::Network,
         WorkerConfig::Network(network),
         spec.clone(),
-        Attach { fds: Vec::new(), channel: Some((snowluma_proto::NETWORK_FD_CHANNEL, ChannelDir::ToWorker)) },
+        Attach::for_role(Role::Network, Vec::new()),
     ))
 }
 
@@ -140,13 +142,13 @@ fn start_files(
     dirs: crate::dirs::TransferDirs,
 ) -> (Arc<WorkerSlot>, transfers::TransferPaths) {
     let mut paths = transfers::TransferPaths { download_dir: Some(dirs.download_dir), ..Default::default() };
-    let mut fds = vec![(snowluma_proto::FILES_DOWNLOAD_DIR_FD, dirs.download_fd)];
+    let mut fds = vec![(Slot::DownloadDir, dirs.download_fd)];
     // Compared with absolute symlink targets only; never opened.
     let mut upload_root_paths = Vec::new();
     if let Some((configured, canonical, fd)) = dirs.upload_root {
         upload_root_paths = [&canonical, &configured].iter().filter_map(|p| p.to_str()).map(str::to_owned).collect();
         paths.upload_root = Some((configured, canonical));
-        fds.push((snowluma_proto::FILES_UPLOAD_ROOT_FD, fd));
+        fds.push((Slot::UploadRoot, fd));
     }
     let slot = WorkerSlot::start(
         Role::Files,
@@ -156,7 +158,7 @@ fn start_files(
             upload_root_paths,
         }),
         spec.clone(),
-        Attach { fds, channel: Some((snowluma_proto::FILES_FD_CHANNEL, ChannelDir::FromWorker)) },
+        Attach::for_role(Role::Files, fds),
     );
     (slot, paths)
 }

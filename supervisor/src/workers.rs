@@ -20,6 +20,8 @@ use snowluma_proto::{
     BUILD_ID, EventMsg, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_IPC_FD,
     WorkerConfig, read_frame, write_frame,
 };
+pub use snowluma_sandbox::role::ChannelDir;
+use snowluma_sandbox::role::Slot;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -75,10 +77,25 @@ pub struct Attach {
     pub channel: Option<(i32, ChannelDir)>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChannelDir {
-    ToWorker,
-    FromWorker,
+impl Attach {
+    /// The attachments of `role`, from its table (`snowluma_sandbox::role`):
+    /// each directory the caller opened, at its slot's number, and the
+    /// role's descriptor channel if it has one. A slot the role's table
+    /// does not have is not attached.
+    pub fn for_role(role: Role, dirs: Vec<(Slot, Arc<OwnedFd>)>) -> Attach {
+        let spec = snowluma_sandbox::role::spec(role);
+        let fds = dirs
+            .into_iter()
+            .filter_map(|(slot, fd)| match spec.fd(slot) {
+                Some(f) => Some((f.fd, fd)),
+                None => {
+                    tracing::error!(worker = role.as_str(), ?slot, "the role has no such descriptor; not attached");
+                    None
+                }
+            })
+            .collect();
+        Attach { fds, channel: spec.channel() }
+    }
 }
 
 pub struct SpawnSpec {
@@ -326,7 +343,16 @@ async fn supervise(
     }
 }
 
-/// Run one worker incarnation until it dies (or we are stopped).
+/// A started worker: its process, our end of its IPC socket, and our end
+/// of its descriptor channel when its role has one.
+struct Incarnation {
+    child: snowluma_spawner::SpawnedChild,
+    ipc: OwnedFd,
+    channel: Option<OwnedFd>,
+}
+
+/// Run one worker incarnation until it dies (or we are stopped): spawn,
+/// handshake, then pump messages until the connection or the process ends.
 async fn run_once(
     role: Role,
     config: &mut WorkerConfig,
@@ -337,44 +363,26 @@ async fn run_once(
     secret_sent: &mut bool,
 ) -> Result<(), String> {
     let name = role.as_str();
-    let mut extra: Vec<(i32, OwnedFd)> = Vec::new();
-    for (target, fd) in &attach.fds {
-        extra.push((*target, fd.try_clone().map_err(|e| format!("dup: {e}"))?));
-    }
-    let mut our_channel = None;
-    if let Some((target, _)) = attach.channel {
-        let (ours, theirs) = snowluma_proto::fdpass::pair().map_err(|e| format!("fd channel: {e}"))?;
-        extra.push((target, theirs));
-        our_channel = Some(ours);
-    }
-    let (parent, child_end) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
-        .map_err(|e| format!("socketpair: {e}"))?;
-    extra.insert(0, (WORKER_IPC_FD, child_end));
-    let mut child = spec
-        .spawner
-        .spawn(role, &spec.log_filter, spec.grants.args(role), extra)
-        .await
-        .map_err(|e| format!("spawn: {e}"))?;
+    let Incarnation { mut child, ipc, channel } = spawn_worker(role, spec, attach).await?;
     let spawner = spec.spawner.clone();
-    let child_pid = child.pid;
-    let (rd, mut wr) = snowluma_proto::sockio::split_one(parent).map_err(|e| format!("IPC socket: {e}"))?;
+    let (rd, mut wr) = snowluma_proto::sockio::split_one(ipc).map_err(|e| format!("IPC socket: {e}"))?;
     // One recv per message: the length prefix and the body come from the buffer.
     let mut rd: IpcReader = tokio::io::BufReader::with_capacity(64 * 1024, rd);
-    let pid =
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut rd, &mut wr, role, config, secret_sent)).await {
-            Ok(Ok(pid)) => pid,
-            Ok(Err(e)) => {
-                spawner.kill(child_pid);
-                return Err(e);
-            }
-            Err(_) => {
-                spawner.kill(child_pid);
-                return Err("handshake timed out".into());
-            }
-        };
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut rd, &mut wr, role, config, secret_sent));
+    let pid = match handshake.await {
+        Ok(Ok(pid)) => pid,
+        Ok(Err(e)) => {
+            spawner.kill(child.pid);
+            return Err(e);
+        }
+        Err(_) => {
+            spawner.kill(child.pid);
+            return Err("handshake timed out".into());
+        }
+    };
     tracing::debug!(worker = name, pid, "worker ready");
-    let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
-    let (fd_out, fd_in) = match (attach.channel, our_channel) {
+    let (tx, rx) = mpsc::unbounded_channel::<ToWorker>();
+    let (fd_out, fd_in) = match (attach.channel, channel) {
         (Some((_, ChannelDir::ToWorker)), Some(ch)) => (Some(ch), None),
         (Some((_, ChannelDir::FromWorker)), Some(ch)) => {
             (None, Some(FdReceiver::spawn(ch).map_err(|e| format!("fd channel: {e}"))?))
@@ -383,73 +391,60 @@ async fn run_once(
     };
     let conn = Arc::new(Conn { tx, pending: Mutex::new(HashMap::new()), fd_out, fd_in });
     live.send_replace(Some(conn.clone()));
+    let (status, writer) = pump(name, &conn, rx, rd, wr, &mut child, &spawner, stop).await;
+    live.send_replace(None);
+    writer.abort();
+    fail_in_flight(name, &conn);
+    if !stop.is_cancelled() {
+        report_exit(name, pid, status);
+    }
+    Ok(())
+}
 
+/// Start the worker through the spawner: its IPC socket at
+/// [`WORKER_IPC_FD`], the attached descriptors, a fresh descriptor channel.
+async fn spawn_worker(role: Role, spec: &SpawnSpec, attach: &Attach) -> Result<Incarnation, String> {
+    let mut extra: Vec<(i32, OwnedFd)> = Vec::new();
+    for (target, fd) in &attach.fds {
+        extra.push((*target, fd.try_clone().map_err(|e| format!("dup: {e}"))?));
+    }
+    let mut channel = None;
+    if let Some((target, _)) = attach.channel {
+        let (ours, theirs) = snowluma_proto::fdpass::pair().map_err(|e| format!("fd channel: {e}"))?;
+        extra.push((target, theirs));
+        channel = Some(ours);
+    }
+    let (ipc, child_end) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(|e| format!("socketpair: {e}"))?;
+    extra.insert(0, (WORKER_IPC_FD, child_end));
+    let child = spec
+        .spawner
+        .spawn(role, &spec.log_filter, spec.grants.args(role), extra)
+        .await
+        .map_err(|e| format!("spawn: {e}"))?;
+    Ok(Incarnation { child, ipc, channel })
+}
+
+/// Write queued messages and route what the worker sends until the
+/// connection breaks, the process exits or we are stopped. Returns the exit
+/// status (when known) and the writer, for the caller to stop.
+#[allow(clippy::too_many_arguments)]
+async fn pump(
+    name: &'static str,
+    conn: &Arc<Conn>,
+    rx: mpsc::UnboundedReceiver<ToWorker>,
+    mut rd: IpcReader,
+    wr: SockWriter,
+    child: &mut snowluma_spawner::SpawnedChild,
+    spawner: &snowluma_spawner::SpawnerClient,
+    stop: &CancellationToken,
+) -> (Option<snowluma_spawner::ExitInfo>, tokio::task::JoinHandle<()>) {
     // A message that cannot be framed fails its own call; a socket that
     // cannot be written is a broken connection: the worker is restarted.
     let (broken_tx, broken_rx) = oneshot::channel::<std::io::Error>();
-    let writer_conn = conn.clone();
-    let writer = tokio::spawn(async move {
-        while let Some(msg) = rx.recv().await {
-            let frame = match snowluma_proto::frame::encode(&msg) {
-                Ok(f) => f,
-                Err(e) => {
-                    if let ToWorker::Request { id, .. } = msg {
-                        let err = match e {
-                            FrameError::TooLarge(bytes) => {
-                                CallError::TooLarge { bytes, limit: snowluma_proto::MAX_FRAME_BYTES }
-                            }
-                            _ => CallError::Unavailable(name),
-                        };
-                        tracing::warn!(worker = name, error = %err, "a request could not be sent; it fails on its own");
-                        if let Some(p) = writer_conn.pending.lock().ok().and_then(|mut p| p.remove(&id)) {
-                            let _ = p.reply.send(Err(err));
-                        }
-                    }
-                    continue;
-                }
-            };
-            if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut wr, &frame).await {
-                let _ = broken_tx.send(e);
-                break;
-            }
-        }
-    });
-    let reader_conn = conn.clone();
-    let reader = async move {
-        loop {
-            match read_frame::<_, FromWorker>(&mut rd).await {
-                Ok(FromWorker::Reply { id, reply }) => {
-                    let p = reader_conn.pending.lock().ok().and_then(|mut p| p.remove(&id));
-                    if let Some(p) = p {
-                        let _ = p.reply.send(Ok(reply));
-                    }
-                }
-                Ok(FromWorker::Progress { id, progress }) => {
-                    if let Ok(p) = reader_conn.pending.lock()
-                        && let Some(tx) = p.get(&id).and_then(|p| p.progress.as_ref())
-                    {
-                        let _ = tx.send(progress);
-                    }
-                }
-                Ok(FromWorker::Event { id, event }) => {
-                    if let Ok(p) = reader_conn.pending.lock()
-                        && let Some(tx) = p.get(&id).and_then(|p| p.events.as_ref())
-                    {
-                        let _ = tx.send(event);
-                    }
-                }
-                Ok(other) => {
-                    tracing::warn!(worker = name, message = ?other, "unexpected message from worker; dropping the connection");
-                    return;
-                }
-                Err(FrameError::Closed) => return,
-                Err(e) => {
-                    tracing::warn!(worker = name, error = %e, "IPC error; dropping the connection");
-                    return;
-                }
-            }
-        }
-    };
+    let writer = tokio::spawn(write_loop(name, conn.clone(), rx, wr, broken_tx));
+    let reader = read_loop(name, conn, &mut rd);
+    let child_pid = child.pid;
     let status = tokio::select! {
         _ = reader => {
             // The socket is gone: the worker died or broke protocol.
@@ -467,8 +462,83 @@ async fn run_once(
             None
         }
     };
-    live.send_replace(None);
-    writer.abort();
+    (status, writer)
+}
+
+/// Frame and write every queued message, until the socket breaks.
+async fn write_loop(
+    name: &'static str,
+    conn: Arc<Conn>,
+    mut rx: mpsc::UnboundedReceiver<ToWorker>,
+    mut wr: SockWriter,
+    broken: oneshot::Sender<std::io::Error>,
+) {
+    while let Some(msg) = rx.recv().await {
+        let frame = match snowluma_proto::frame::encode(&msg) {
+            Ok(f) => f,
+            Err(e) => {
+                if let ToWorker::Request { id, .. } = msg {
+                    let err = match e {
+                        FrameError::TooLarge(bytes) => {
+                            CallError::TooLarge { bytes, limit: snowluma_proto::MAX_FRAME_BYTES }
+                        }
+                        _ => CallError::Unavailable(name),
+                    };
+                    tracing::warn!(worker = name, error = %err, "a request could not be sent; it fails on its own");
+                    if let Some(p) = conn.pending.lock().ok().and_then(|mut p| p.remove(&id)) {
+                        let _ = p.reply.send(Err(err));
+                    }
+                }
+                continue;
+            }
+        };
+        if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut wr, &frame).await {
+            let _ = broken.send(e);
+            break;
+        }
+    }
+}
+
+/// Route replies, progress and events to their calls, until the socket
+/// closes or the worker breaks protocol.
+async fn read_loop(name: &'static str, conn: &Conn, rd: &mut IpcReader) {
+    loop {
+        match read_frame::<_, FromWorker>(rd).await {
+            Ok(FromWorker::Reply { id, reply }) => {
+                let p = conn.pending.lock().ok().and_then(|mut p| p.remove(&id));
+                if let Some(p) = p {
+                    let _ = p.reply.send(Ok(reply));
+                }
+            }
+            Ok(FromWorker::Progress { id, progress }) => {
+                if let Ok(p) = conn.pending.lock()
+                    && let Some(tx) = p.get(&id).and_then(|p| p.progress.as_ref())
+                {
+                    let _ = tx.send(progress);
+                }
+            }
+            Ok(FromWorker::Event { id, event }) => {
+                if let Ok(p) = conn.pending.lock()
+                    && let Some(tx) = p.get(&id).and_then(|p| p.events.as_ref())
+                {
+                    let _ = tx.send(event);
+                }
+            }
+            Ok(other) => {
+                tracing::warn!(worker = name, message = ?other, "unexpected message from worker; dropping the connection");
+                return;
+            }
+            Err(FrameError::Closed) => return,
+            Err(e) => {
+                tracing::warn!(worker = name, error = %e, "IPC error; dropping the connection");
+                return;
+            }
+        }
+    }
+}
+
+/// Fail every call still in flight: its worker stopped.
+fn fail_in_flight(name: &'static str, conn: &Conn) {
     let drained: Vec<Pending> =
         conn.pending.lock().map(|mut p| p.drain().map(|(_, v)| v).collect()).unwrap_or_default();
     if !drained.is_empty() {
@@ -481,17 +551,18 @@ async fn run_once(
     for p in drained {
         let _ = p.reply.send(Err(CallError::WorkerDied(name)));
     }
-    if !stop.is_cancelled() {
-        match status {
-            Some(s) if s.signal == Some(nix::libc::SIGSYS) => tracing::error!(
-                worker = name,
-                pid,
-                status = %s,
-                "worker killed by SIGSYS: it made a system call its seccomp policy forbids"
-            ),
-            Some(s) => tracing::warn!(worker = name, pid, status = %s, "worker exited"),
-            None => tracing::warn!(worker = name, pid, "worker connection lost"),
-        }
+}
+
+/// Log how an incarnation ended.
+fn report_exit(name: &'static str, pid: u32, status: Option<snowluma_spawner::ExitInfo>) {
+    match status {
+        Some(s) if s.signal == Some(nix::libc::SIGSYS) => tracing::error!(
+            worker = name,
+            pid,
+            status = %s,
+            "worker killed by SIGSYS: it made a system call its seccomp policy forbids"
+        ),
+        Some(s) => tracing::warn!(worker = name, pid, status = %s, "worker exited"),
+        None => tracing::warn!(worker = name, pid, "worker connection lost"),
     }
-    Ok(())
 }

@@ -2,7 +2,7 @@
 //! upload root (read) and the download directory (read-write).
 //!
 //! It opens nothing by path: the supervisor hands it the two directories as
-//! descriptors ([`FILES_UPLOAD_ROOT_FD`], [`FILES_DOWNLOAD_DIR_FD`]), and every
+//! descriptors (its role's table, `snowluma_sandbox::role::FILES`), and every
 //! open is relative to them with `openat2(RESOLVE_BENEATH |
 //! RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`, so `..`, absolute paths and
 //! symlinks are refused by the kernel there, and a file swapped for a
@@ -20,16 +20,14 @@
 //! their bytes never pass through this worker or the supervisor.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use snowluma_proto::fdpass;
-use snowluma_proto::{
-    FILES_DOWNLOAD_DIR_FD, FILES_FD_CHANNEL, FILES_UPLOAD_ROOT_FD, FilesConfig, FilesReply, FilesRequest, Reply,
-    Request, UploadRefusal, WorkerConfig, WorkerError,
-};
+use snowluma_proto::{FilesConfig, FilesReply, FilesRequest, Reply, Request, UploadRefusal, WorkerConfig, WorkerError};
+use snowluma_sandbox::role::{Claimed, Slot};
 
 use crate::serve::{Ctx, RoleHandler};
 
@@ -40,23 +38,14 @@ pub struct FilesWorker {
     channel: Option<OwnedFd>,
 }
 
-/// Take ownership of an inherited descriptor if it is open.
-fn inherited(fd: i32) -> Option<OwnedFd> {
-    // SAFETY: F_GETFD only queries the descriptor table.
-    let open = unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) } >= 0;
-    // SAFETY: the supervisor placed this descriptor for us before exec and
-    // nothing else in this process owns it.
-    open.then(|| unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 impl FilesWorker {
-    /// Claims the inherited descriptors. Call once, at startup.
-    pub fn from_inherited() -> FilesWorker {
+    /// Takes its descriptors from the worker's claim (`worker_main`).
+    pub fn from_claimed(claimed: &mut Claimed) -> FilesWorker {
         FilesWorker {
             config: OnceLock::new(),
-            upload_root: inherited(FILES_UPLOAD_ROOT_FD),
-            download_dir: inherited(FILES_DOWNLOAD_DIR_FD),
-            channel: inherited(FILES_FD_CHANNEL),
+            upload_root: claimed.take(Slot::UploadRoot),
+            download_dir: claimed.take(Slot::DownloadDir),
+            channel: claimed.take(Slot::FdChannel),
         }
     }
 }

@@ -41,12 +41,17 @@ pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
         tracing::error!(role = role.as_str(), error = %e, "worker refuses to start: confinement failed");
         return ExitCode::from(3);
     }
-    // The file-transfer worker's descriptors are claimed before the runtime
-    // exists: a role descriptor the supervisor did not place (no upload
-    // root) is a free number that the runtime's epoll or eventfd would take,
-    // and claiming that would close the runtime's descriptor twice.
-    let files = (role == Role::Files).then(files::FilesWorker::from_inherited);
-    let tasks = (role == Role::Tasks).then(tasks::TasksWorker::from_inherited);
+    // Every descriptor is claimed, through the role's table, before the
+    // runtime exists: a role descriptor the supervisor did not place (no
+    // upload root) is a free number that the runtime's epoll or eventfd
+    // would take, and claiming that later would close the runtime's
+    // descriptor twice.
+    let mut claimed = snowluma_sandbox::role::claim(role);
+    // SAFETY: the spawner placed exactly one socket on WORKER_IPC_FD before
+    // exec, prepare_worker kept it, and nothing in this process has touched
+    // that descriptor yet, so we take sole ownership of it here.
+    let ipc = unsafe { OwnedFd::from_raw_fd(WORKER_IPC_FD) };
+    let handler = Handler::new(role, &mut claimed);
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -67,22 +72,12 @@ pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
             return ExitCode::from(3);
         }
     }
-    // SAFETY: the supervisor placed exactly one socket on WORKER_IPC_FD before
-    // exec and nothing in this process has touched that descriptor yet, so we
-    // take sole ownership of it here.
-    let fd = unsafe { OwnedFd::from_raw_fd(WORKER_IPC_FD) };
     let result = rt.block_on(async move {
-        match role {
-            Role::Catalog => serve::serve(fd, role, catalog::CatalogWorker::new()).await,
-            Role::Network => serve::serve(fd, role, network::NetworkWorker::from_inherited()).await,
-            Role::Files => match files {
-                Some(files) => serve::serve(fd, role, files).await,
-                None => Err(serve::ServeError::RoleNotBuilt(role)),
-            },
-            Role::Tasks => match tasks {
-                Some(tasks) => serve::serve(fd, role, tasks).await,
-                None => Err(serve::ServeError::RoleNotBuilt(role)),
-            },
+        match handler {
+            Handler::Catalog(h) => serve::serve(ipc, role, h).await,
+            Handler::Network(h) => serve::serve(ipc, role, h).await,
+            Handler::Files(h) => serve::serve(ipc, role, h).await,
+            Handler::Tasks(h) => serve::serve(ipc, role, h).await,
         }
     });
     match result {
@@ -90,6 +85,27 @@ pub fn worker_main(role: Role, grant_args: &[String]) -> ExitCode {
         Err(e) => {
             tracing::error!(role = role.as_str(), error = %e, "worker stopped");
             ExitCode::from(5)
+        }
+    }
+}
+
+/// A role's handler, built from its claimed descriptors before the runtime.
+// One value per process, held for its whole life: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Handler {
+    Catalog(catalog::CatalogWorker),
+    Network(network::NetworkWorker),
+    Files(files::FilesWorker),
+    Tasks(tasks::TasksWorker),
+}
+
+impl Handler {
+    fn new(role: Role, claimed: &mut snowluma_sandbox::role::Claimed) -> Handler {
+        match role {
+            Role::Catalog => Handler::Catalog(catalog::CatalogWorker::new()),
+            Role::Network => Handler::Network(network::NetworkWorker::from_claimed(claimed)),
+            Role::Files => Handler::Files(files::FilesWorker::from_claimed(claimed)),
+            Role::Tasks => Handler::Tasks(tasks::TasksWorker::from_claimed(claimed)),
         }
     }
 }

@@ -21,8 +21,6 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
     #[error("handshake: {0}")]
     Handshake(String),
-    #[error("role {0:?} is not part of this build")]
-    RoleNotBuilt(Role),
 }
 
 /// What a request handler gets besides the request.

@@ -5,6 +5,3 @@ use super::Allow;
 
 /// The catalog worker: nothing beyond the base.
 pub const CATALOG: &[Allow] = &[];
-
-/// Descriptors it keeps beyond 0–3: none.
-pub const KEPT_FDS: &[i32] = &[];

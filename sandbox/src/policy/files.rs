@@ -4,7 +4,6 @@
 use nix::libc;
 
 use super::{Allow, any};
-use crate::fds::{FILES_DOWNLOAD_DIR_FD, FILES_FD_CHANNEL, FILES_UPLOAD_ROOT_FD};
 
 /// The file-transfer worker: opens files beneath the two directory
 /// descriptors it was given (Landlock confines which), lists, creates,
@@ -45,7 +44,3 @@ pub const FILES: &[Allow] = &[
     // of stale partial downloads skips live ones (files.rs).
     any("flock", libc::SYS_flock),
 ];
-
-/// Descriptors it keeps beyond 0–3: 4, the upload root (read-only); 5, the
-/// download directory (read-write); 6, the `SOCK_SEQPACKET` descriptor channel.
-pub const KEPT_FDS: &[i32] = &[FILES_UPLOAD_ROOT_FD, FILES_DOWNLOAD_DIR_FD, FILES_FD_CHANNEL];

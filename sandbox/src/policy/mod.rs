@@ -5,7 +5,8 @@
 //! * [`spawner`]: the deny-list and refusals every worker also starts under;
 //! * [`http`]: the HTTP front of `serve-http` (its allow-list on top of [`BASE`]);
 //! * [`catalog`], [`network`], [`files`], [`tasks`]: each worker role's
-//!   seccomp allow-list on top of [`BASE`], and the descriptors it keeps.
+//!   seccomp allow-list on top of [`BASE`] (the role's table,
+//!   [`crate::role`], names it with the descriptors the role keeps).
 //!
 //! Each entry says which system call is allowed (with argument conditions
 //! where the kernel can check them) and why. Everything not listed is
@@ -130,14 +131,9 @@ pub const BASE: &[Allow] = &[
 /// Placeholder replaced by the worker's own pid when the filter is built.
 pub const SELF_PID: u64 = u64::MAX;
 
-/// Extra allowances of a role, on top of [`BASE`].
+/// Extra allowances of a role, on top of [`BASE`] (from its [`crate::role::RoleSpec`]).
 pub fn extra(role: Role) -> &'static [Allow] {
-    match role {
-        Role::Catalog => CATALOG,
-        Role::Network => NETWORK,
-        Role::Files => FILES,
-        Role::Tasks => TASKS,
-    }
+    crate::role::spec(role).seccomp
 }
 
 /// System calls answered with an error instead of allowed or killed, each
@@ -146,10 +142,7 @@ pub fn extra(role: Role) -> &'static [Allow] {
 /// cannot read them); `EACCES` for calls that are refused but that library
 /// code may try on a normal path (a resolver's UDP socket).
 pub fn refused(role: Role) -> &'static [(i32, &'static [Allow])] {
-    match role {
-        Role::Network => &[(libc::ENOSYS, network::NETWORK_ENOSYS), (libc::EACCES, network::NETWORK_REFUSED)],
-        _ => &[],
-    }
+    crate::role::spec(role).refused
 }
 
 /// When a `socket(2)` call does not make a TCP stream: any domain but
@@ -193,17 +186,6 @@ pub(crate) const fn sock_type(t: u64) -> &'static [Cmp] {
         13 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 13)],
         14 => &[Cmp::Masked(1, SOCK_TYPE_MASK, 14)],
         _ => &[Cmp::Masked(1, SOCK_TYPE_MASK, 15)],
-    }
-}
-
-/// Descriptors a role keeps open past startup (beyond stdin, stdout, stderr
-/// and the IPC socket on 3). Everything else is closed.
-pub fn kept_fds(role: Role) -> &'static [i32] {
-    match role {
-        Role::Catalog => catalog::KEPT_FDS,
-        Role::Network => network::KEPT_FDS,
-        Role::Files => files::KEPT_FDS,
-        Role::Tasks => tasks::KEPT_FDS,
     }
 }
 

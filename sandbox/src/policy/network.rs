@@ -4,7 +4,6 @@
 use nix::libc;
 
 use super::{Allow, Cmp, NOT_A_TCP_STREAM, any, only};
-use crate::fds::NETWORK_FD_CHANNEL;
 
 /// The network executor: TCP stream sockets (Landlock limits the ports), the
 /// socket options hyper and rustls use, threads (tokio's blocking pool), and
@@ -74,6 +73,5 @@ pub(super) const NETWORK_REFUSED: &[Allow] = &[
     only("socket", libc::SYS_socket, NOT_A_TCP_STREAM),
 ];
 
-/// Descriptors it keeps beyond 0–3: fd 4, the `SOCK_SEQPACKET` descriptor
-/// channel (SCM_RIGHTS), when present.
-pub const KEPT_FDS: &[i32] = &[NETWORK_FD_CHANNEL];
+/// Its refusals, each list with its errno (see [`super::refused`]).
+pub const REFUSED: &[(i32, &[Allow])] = &[(libc::ENOSYS, NETWORK_ENOSYS), (libc::EACCES, NETWORK_REFUSED)];

@@ -4,7 +4,6 @@
 use nix::libc;
 
 use super::{Allow, any};
-use crate::fds::TASKS_DIR_FD;
 
 /// The task store: reads, writes, links, renames and removes records
 /// beneath its directory descriptor, syncs them, and holds the directory's
@@ -28,6 +27,3 @@ pub const TASKS: &[Allow] = &[
     // Records and the directory must belong to this user.
     any("geteuid", libc::SYS_geteuid),
 ];
-
-/// Descriptors it keeps beyond 0–3: 4, the task directory (read-write).
-pub const KEPT_FDS: &[i32] = &[TASKS_DIR_FD];

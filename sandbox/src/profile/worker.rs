@@ -3,12 +3,12 @@
 //! calling thread and its future children only).
 //!
 //! Order: [`prepare_worker`] (process name → close every descriptor but the
-//! kept ones ([`crate::fds`]) → `RLIMIT_CORE` 0, no capabilities
+//! kept ones ([`crate::role`]) → `RLIMIT_CORE` 0, no capabilities
 //! ([`crate::rlimits`]) → no new privileges, not dumpable), then the
 //! worker builds its current-thread runtime, then [`confine_worker`] (check
 //! single-threaded → Landlock ([`crate::landlock`]) → seccomp
-//! ([`crate::seccomp`])). What each role keeps and may do is data in
-//! [`crate::policy`]; what was enforced comes back as a [`WorkerReport`].
+//! ([`crate::seccomp`])). What each role keeps and may do is data in its
+//! table, [`crate::role`], and [`crate::policy`]; what was enforced comes back as a [`WorkerReport`].
 
 use std::os::fd::RawFd;
 
@@ -16,8 +16,8 @@ use serde::Serialize;
 use snowluma_proto::Role;
 
 use super::ConfineError;
-use crate::fds::{FILES_DOWNLOAD_DIR_FD, FILES_UPLOAD_ROOT_FD, TASKS_DIR_FD, WORKER_IPC_FD};
 use crate::landlock::{self, Enforcement, LandlockReport};
+use crate::role::{self, DirAccess, FdKind};
 use crate::{policy, seccomp};
 
 /// The argv element that lets a worker start when confinement cannot be
@@ -29,7 +29,7 @@ pub const PORTS_ARG_PREFIX: &str = "ports=";
 
 /// What the supervisor grants a worker beyond its role's fixed policy. It
 /// reaches the worker before its runtime starts: ports on argv, directory
-/// descriptors at fixed numbers ([`policy::kept_fds`]).
+/// descriptors at fixed numbers ([`role::RoleSpec::fds`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grants {
     /// TCP ports the network executor may connect to (Landlock `ConnectTcp`).
@@ -60,21 +60,18 @@ impl Grants {
                 return Err(ConfineError::BadArg(a.clone()));
             }
         }
-        if role == Role::Files {
-            // SAFETY (of the borrows below): the descriptors are only
-            // fstat'ed here, while this single-threaded process holds them.
-            // SAFETY: see above; the fds are inherited and not yet closed.
-            if landlock::is_dir(unsafe { landlock::borrow(FILES_UPLOAD_ROOT_FD) }) {
-                g.read_dir_fds.push(FILES_UPLOAD_ROOT_FD);
+        // The role's directory descriptors, as its table grants them.
+        for f in role::spec(role).fds {
+            let FdKind::Dir(access) = f.kind else { continue };
+            // SAFETY: the descriptor is only fstat'ed here (a number the
+            // supervisor did not place is simply not a directory), while
+            // this single-threaded process holds its inherited descriptors.
+            if landlock::is_dir(unsafe { landlock::borrow(f.fd) }) {
+                match access {
+                    DirAccess::Read => g.read_dir_fds.push(f.fd),
+                    DirAccess::ReadWrite => g.write_dir_fds.push(f.fd),
+                }
             }
-            // SAFETY: as above.
-            if landlock::is_dir(unsafe { landlock::borrow(FILES_DOWNLOAD_DIR_FD) }) {
-                g.write_dir_fds.push(FILES_DOWNLOAD_DIR_FD);
-            }
-        }
-        // SAFETY: as above: the task directory is only fstat'ed.
-        if role == Role::Tasks && landlock::is_dir(unsafe { landlock::borrow(TASKS_DIR_FD) }) {
-            g.write_dir_fds.push(TASKS_DIR_FD);
         }
         Ok(g)
     }
@@ -106,7 +103,7 @@ impl WorkerGrants {
     /// Extra argv elements for a worker of `role` (after the log filter).
     pub fn args(&self, role: Role) -> Vec<String> {
         let g = Grants {
-            tcp_ports: if role == Role::Network { self.network_ports.clone() } else { Vec::new() },
+            tcp_ports: if role::spec(role).connect_tcp { self.network_ports.clone() } else { Vec::new() },
             allow_unconfined: self.allow_unconfined,
             ..Grants::default()
         };
@@ -147,9 +144,7 @@ pub fn thread_count() -> Option<usize> {
 /// thread; its epoll, eventfd and signal socketpair are created here, while
 /// `socketpair` is still allowed) and finally call [`confine_worker`].
 pub fn prepare_worker(role: Role) -> Result<(), ConfineError> {
-    let mut keep: Vec<RawFd> = vec![0, 1, 2, WORKER_IPC_FD];
-    keep.extend_from_slice(policy::kept_fds(role));
-    super::prepare(&format!("snowluma-{}", role.as_str()), &keep)
+    super::prepare(&format!("snowluma-{}", role.as_str()), &role::spec(role).kept_fds())
 }
 
 /// Confine the calling worker process according to its role's policy and
@@ -158,26 +153,21 @@ pub fn prepare_worker(role: Role) -> Result<(), ConfineError> {
 pub fn confine_worker(role: Role, grants: &Grants) -> Result<WorkerReport, ConfineError> {
     super::harden_single_threaded()?;
     let mut grant = landlock::Grant { connect_tcp: Vec::new(), fs: Vec::new() };
-    match role {
-        Role::Network => grant.connect_tcp = grants.tcp_ports.clone(),
-        Role::Files | Role::Tasks => {
-            for fd in &grants.read_dir_fds {
-                // SAFETY: the descriptor was checked open (a directory) by
-                // Grants::from_args and is kept by close_all_except.
-                grant.fs.push(landlock::FsRule {
-                    fd: unsafe { landlock::borrow(*fd) },
-                    access: landlock::read_dir_access(),
-                });
-            }
-            for fd in &grants.write_dir_fds {
-                // SAFETY: as above.
-                grant.fs.push(landlock::FsRule {
-                    fd: unsafe { landlock::borrow(*fd) },
-                    access: landlock::write_dir_access(),
-                });
-            }
-        }
-        Role::Catalog => {}
+    let spec = role::spec(role);
+    if spec.connect_tcp {
+        grant.connect_tcp = grants.tcp_ports.clone();
+    }
+    // Only the role's table's directories (Grants::from_args found them).
+    let has = |fd: &RawFd| spec.fds.iter().any(|f| f.fd == *fd && matches!(f.kind, FdKind::Dir(_)));
+    for fd in grants.read_dir_fds.iter().filter(|fd| has(fd)) {
+        // SAFETY: the descriptor was checked open (a directory) by
+        // Grants::from_args, is kept by close_all_except, and is held open
+        // by the worker's claim (crate::role::claim) past confinement.
+        grant.fs.push(landlock::FsRule { fd: unsafe { landlock::borrow(*fd) }, access: landlock::read_dir_access() });
+    }
+    for fd in grants.write_dir_fds.iter().filter(|fd| has(fd)) {
+        // SAFETY: as above.
+        grant.fs.push(landlock::FsRule { fd: unsafe { landlock::borrow(*fd) }, access: landlock::write_dir_access() });
     }
     let ll = landlock::restrict(&grant)?;
     if ll.status != Enforcement::FullyEnforced && !grants.allow_unconfined {

@@ -23,8 +23,8 @@ mod json_syntax;
 mod streams;
 mod transfer;
 
-use std::os::fd::FromRawFd;
-use std::sync::OnceLock;
+use std::os::fd::OwnedFd;
+use std::sync::{Mutex, OnceLock};
 
 use snowluma_proto::{ExecRequest, Reply, Request, ToolReply, WorkerConfig, WorkerError};
 
@@ -49,14 +49,18 @@ pub const MAX_BODY_BYTES: usize = snowluma_proto::MAX_FRAME_BYTES - 1024 * 1024;
 #[derive(Default)]
 pub struct NetworkWorker {
     net: OnceLock<Net>,
+    /// The descriptor channel, claimed at startup (before the runtime
+    /// existed) and read once configured.
+    channel: Mutex<Option<OwnedFd>>,
     /// File descriptors handed over by the supervisor for transfers.
     fds: OnceLock<snowluma_proto::fdpass::FdReceiver>,
 }
 
 impl NetworkWorker {
-    /// Claims the inherited descriptor channel, if any. Call once, at startup.
-    pub fn from_inherited() -> NetworkWorker {
-        NetworkWorker { net: OnceLock::new(), fds: OnceLock::new() }
+    /// Takes its descriptor channel from the worker's claim (`worker_main`).
+    pub fn from_claimed(claimed: &mut snowluma_sandbox::role::Claimed) -> NetworkWorker {
+        let channel = claimed.take(snowluma_sandbox::role::Slot::FdChannel);
+        NetworkWorker { net: OnceLock::new(), channel: Mutex::new(channel), fds: OnceLock::new() }
     }
 }
 
@@ -65,12 +69,8 @@ impl RoleHandler for NetworkWorker {
         match config {
             WorkerConfig::Network(cfg) => {
                 let net = client::build(cfg)?;
-                // SAFETY: F_GETFD only queries the descriptor table.
-                let open = unsafe { nix::libc::fcntl(snowluma_proto::NETWORK_FD_CHANNEL, nix::libc::F_GETFD) } >= 0;
-                if open {
-                    // SAFETY: the supervisor placed the fd channel here before exec;
-                    // configure runs once, so nothing else takes ownership of it.
-                    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(snowluma_proto::NETWORK_FD_CHANNEL) };
+                let channel = self.channel.lock().ok().and_then(|mut c| c.take());
+                if let Some(fd) = channel {
                     let rx = snowluma_proto::fdpass::FdReceiver::spawn(fd).map_err(|e| format!("fd channel: {e}"))?;
                     let _ = self.fds.set(rx);
                 }

@@ -25,7 +25,8 @@ pub mod store;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use snowluma_proto::{JsonText, Reply, Request, TASKS_DIR_FD, TasksReply, TasksRequest, WorkerConfig, WorkerError};
+use snowluma_proto::{JsonText, Reply, Request, TasksReply, TasksRequest, WorkerConfig, WorkerError};
+use snowluma_sandbox::role::{Claimed, Slot};
 
 use crate::serve::{Ctx, RoleHandler};
 use store::{StoreError, TaskRecord, TaskStore};
@@ -63,13 +64,9 @@ impl State {
 }
 
 impl TasksWorker {
-    /// Claims the inherited directory descriptor. Call once, at startup.
-    pub fn from_inherited() -> TasksWorker {
-        TasksWorker {
-            dir: Mutex::new(store::inherited_dir(TASKS_DIR_FD)),
-            state: Mutex::new(None),
-            owner: OnceLock::new(),
-        }
+    /// Takes its directory from the worker's claim (`worker_main`).
+    pub fn from_claimed(claimed: &mut Claimed) -> TasksWorker {
+        TasksWorker { dir: Mutex::new(claimed.take(Slot::TaskDir)), state: Mutex::new(None), owner: OnceLock::new() }
     }
 
     /// The open store, taking the lease first if another runtime held it

@@ -10,7 +10,7 @@
 
 use std::fs::{File, TryLockError};
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
@@ -392,15 +392,6 @@ fn scope_digest(salt: &str, config_digest: &[u8; 32]) -> String {
     h.update(salt.as_bytes());
     h.update(config_digest);
     hex(&h.finalize())
-}
-
-/// Take an inherited descriptor (the worker's fd 4) if it is open.
-pub fn inherited_dir(fd: i32) -> Option<OwnedFd> {
-    // SAFETY: F_GETFD only queries the descriptor table.
-    let open = unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) } >= 0;
-    // SAFETY: the supervisor placed this descriptor for us before exec and
-    // nothing else in this process owns it.
-    open.then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 #[cfg(test)]
