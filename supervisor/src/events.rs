@@ -580,14 +580,25 @@ async fn notify(state: Arc<Mutex<State>>, targets: Vec<(String, Vec<Target>)>) {
     }
 }
 
+/// The two event tools.
+#[derive(Debug, Clone, Copy)]
+pub enum Op {
+    /// `subscribe_events`.
+    Subscribe,
+    /// `unsubscribe_events`.
+    Release,
+}
+
 /// `subscribe_events` / `unsubscribe_events` on `hub`.
-pub(crate) async fn tool_call(hub: &EventHub, handler: crate::tools::Handler, args: Value) -> ToolReply {
-    let result = match handler {
-        crate::tools::Handler::SubscribeEvents => hub.subscribe(&args).await,
-        _ => match args.as_object().filter(|o| o.len() == 1).and_then(|o| o.get("uri")).and_then(Value::as_str) {
-            Some(uri) => hub.release(uri).map(|()| json!({"released": uri})),
-            None => Err(EventsError::InvalidArguments("expected exactly {\"uri\": <string>}".into())),
-        },
+pub(crate) async fn tool_call(hub: &EventHub, op: Op, args: Value) -> ToolReply {
+    let result = match op {
+        Op::Subscribe => hub.subscribe(&args).await,
+        Op::Release => {
+            match args.as_object().filter(|o| o.len() == 1).and_then(|o| o.get("uri")).and_then(Value::as_str) {
+                Some(uri) => hub.release(uri).map(|()| json!({"released": uri})),
+                None => Err(EventsError::InvalidArguments("expected exactly {\"uri\": <string>}".into())),
+            }
+        }
     };
     match result {
         Ok(v) => ToolReply::ok(&v),

@@ -43,6 +43,13 @@ impl ProgressSink {
 }
 
 impl ServerState {
+    /// Run a read-only action for the runtime overview, through the same
+    /// gates as `query_action`.
+    pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
+        let args = serde_json::json!({"action": action, "params": {}});
+        self.exec_call(crate::tools::QUERY_ACTION, args, trace, cancel, ProgressSink::None).await
+    }
+
     /// A documentation tool: its arguments go to the catalog worker as the
     /// client's text (never parsed here).
     pub(crate) async fn doc_call(&self, tool: &str, args: gates::Args, cancel: &CancellationToken) -> ToolReply {

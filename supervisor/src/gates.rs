@@ -180,6 +180,15 @@ impl Params {
     }
 }
 
+impl crate::transfers::PlanParams for Params {
+    fn has(&self, key: &str) -> bool {
+        Params::has(self, key)
+    }
+    fn get(&self, key: &str) -> Option<Value> {
+        Params::get(self, key)
+    }
+}
+
 /// Whether the JSON object `text` has a member `key` (`Some`), and, with
 /// `keep`, the last one's value; the other members are skipped unbuilt.
 fn member(text: &str, key: &str, keep: bool) -> Option<Option<Value>> {

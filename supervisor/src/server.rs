@@ -176,7 +176,13 @@ impl ServerHandler for SnowlumaServer {
             Handler::Doc => self.state.doc_call(spec.name, text_args, &ctx.ct).await,
             Handler::RuntimeInfo => crate::runtime::runtime_info(&self.state, args, &ctx.ct, &trace).await,
             Handler::SubscribeEvents | Handler::UnsubscribeEvents => match &self.state.events {
-                Some(hub) => crate::events::tool_call(hub, spec.handler, args).await,
+                Some(hub) => {
+                    let op = match spec.handler {
+                        Handler::SubscribeEvents => crate::events::Op::Subscribe,
+                        _ => crate::events::Op::Release,
+                    };
+                    crate::events::tool_call(hub, op, args).await
+                }
                 None => ToolReply::fail(FailureKind::NotConfigured, "未配置实时事件（需 SNOWLUMA_MCP_EVENTS_URL）。"),
             },
             Handler::Background => {

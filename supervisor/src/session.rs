@@ -13,7 +13,6 @@ use snowluma_spawner::SpawnerClient;
 use tokio_util::sync::CancellationToken;
 
 use crate::server::{self, SnowlumaServer, Workers};
-use crate::startup::{Ended, Spawner, Started};
 
 use crate::workers::{Attach, SpawnSpec, WorkerSlot};
 use crate::{completion, events, preview, tasks, transfers};
@@ -292,4 +291,42 @@ async fn serve(
         Ok(_) => Ok(Ended::Finished),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The spawner's socket and process.
+pub(crate) type Spawner = (std::os::fd::OwnedFd, nix::unistd::Pid);
+
+/// A token, wiped when dropped.
+pub(crate) type Token = Option<zeroize::Zeroizing<String>>;
+
+/// Everything start-up prepared for the session.
+pub(crate) struct Started {
+    pub(crate) config: Config,
+    pub(crate) policy: crate::policy::Policy,
+    pub(crate) audit: Option<crate::audit::AuditLog>,
+    pub(crate) grants: snowluma_sandbox::WorkerGrants,
+    pub(crate) transfer_dirs: Option<crate::dirs::TransferDirs>,
+    /// The task directory's descriptor, the configuration's scope digest
+    /// and the principal this session's tasks belong to.
+    pub(crate) tasks: Option<(Arc<std::os::fd::OwnedFd>, [u8; 32], Option<String>)>,
+    /// Moved into the network executor's configuration, then wiped.
+    pub(crate) token: Token,
+    /// The event WebSocket's own token: likewise.
+    pub(crate) events_token: Token,
+    pub(crate) resolved: Vec<std::net::SocketAddr>,
+    /// The events host's addresses (empty without events or for an IP literal).
+    pub(crate) events_resolved: Vec<std::net::SocketAddr>,
+    /// A session the serve-http launcher started (behind its front).
+    pub(crate) relayed: bool,
+}
+
+/// How a session ended without an error of its own.
+pub(crate) enum Ended {
+    /// stdin reached its end (the client finished).
+    Finished,
+    /// stdout failed: the client is gone; already logged.
+    StdoutGone,
+    /// The spawner died, or a worker that cannot be replaced stopped;
+    /// already logged.
+    Broken,
 }

@@ -13,11 +13,11 @@ use snowluma_config::{Cli, Config, Mode, secret};
 use snowluma_logsink::{eprintln_nb, init_tracing};
 use snowluma_proto::Role;
 use snowluma_sandbox::{ALLOW_UNCONFINED_VAR, ConfineError, SpawnerGrants, Support, WorkerGrants};
-use zeroize::Zeroizing;
 
 use crate::audit;
 use crate::dirs::{TransferDirs, open_task_dir, open_transfer_dirs};
 use crate::policy::Policy;
+use crate::session::{Ended, Spawner, Started, Token};
 
 /// Shown on stderr when a person starts the server in a terminal, where it
 /// would otherwise wait silently for MCP messages.
@@ -201,9 +201,6 @@ fn open_dirs(config: &Config) -> Result<(Option<TransferDirs>, Option<Arc<OwnedF
     Ok((transfer_dirs, task_dir))
 }
 
-/// The spawner's socket and process.
-pub(crate) type Spawner = (OwnedFd, nix::unistd::Pid);
-
 /// The spawner: forked now, while single-threaded and unconfined, it takes
 /// the workers' union domain (exec of this binary only, TCP to the
 /// endpoint's ports, reads beneath the upload root, writes beneath the
@@ -229,8 +226,6 @@ fn fork_spawner(
         Stop(ExitCode::FAILURE)
     })
 }
-
-type Token = Option<Zeroizing<String>>;
 
 /// The access token, read only now that the spawner exists (it never holds
 /// it), then scrubbed from this process's environment block; and the event
@@ -330,36 +325,4 @@ fn stdin_peer() -> Option<audit::Peer> {
     let fd = unsafe { BorrowedFd::borrow_raw(0) };
     let cred = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::PeerCredentials).ok()?;
     Some(audit::Peer { uid: cred.uid(), gid: cred.gid(), pid: cred.pid() })
-}
-
-/// Everything start-up prepared for the session.
-pub(crate) struct Started {
-    pub(crate) config: Config,
-    pub(crate) policy: Policy,
-    pub(crate) audit: Option<audit::AuditLog>,
-    pub(crate) grants: WorkerGrants,
-    pub(crate) transfer_dirs: Option<TransferDirs>,
-    /// The task directory's descriptor, the configuration's scope digest
-    /// and the principal this session's tasks belong to.
-    pub(crate) tasks: Option<(Arc<OwnedFd>, [u8; 32], Option<String>)>,
-    /// Moved into the network executor's configuration, then wiped.
-    pub(crate) token: Token,
-    /// The event WebSocket's own token: likewise.
-    pub(crate) events_token: Token,
-    pub(crate) resolved: Vec<std::net::SocketAddr>,
-    /// The events host's addresses (empty without events or for an IP literal).
-    pub(crate) events_resolved: Vec<std::net::SocketAddr>,
-    /// A session the serve-http launcher started (behind its front).
-    pub(crate) relayed: bool,
-}
-
-/// How a session ended without an error of its own.
-pub(crate) enum Ended {
-    /// stdin reached its end (the client finished).
-    Finished,
-    /// stdout failed: the client is gone; already logged.
-    StdoutGone,
-    /// The spawner died, or a worker that cannot be replaced stopped;
-    /// already logged.
-    Broken,
 }

@@ -6,18 +6,12 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
 use snowluma_catalog::Catalog;
-use snowluma_proto::ToolReply;
-use tokio_util::sync::CancellationToken;
 
 use crate::audit::AuditLog;
 use crate::completion;
 use crate::events::EventHub;
-use crate::execution::ProgressSink;
 use crate::policy::Policy;
-use crate::tools;
-use crate::trace::CallTrace;
 use crate::transfers::TransferService;
 use crate::workers::WorkerSlot;
 use snowluma_config::Config;
@@ -105,12 +99,5 @@ impl ServerState {
 
     pub fn catalog(&self) -> &'static Catalog {
         self.catalog
-    }
-
-    /// Run a read-only action for the runtime overview, through the same
-    /// gates as `query_action`.
-    pub async fn query(&self, action: &str, trace: &CallTrace, cancel: &CancellationToken) -> ToolReply {
-        self.exec_call(tools::QUERY_ACTION, json!({"action": action, "params": {}}), trace, cancel, ProgressSink::None)
-            .await
     }
 }

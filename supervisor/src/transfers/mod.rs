@@ -120,6 +120,15 @@ pub fn relative_to_root(input: &str, configured: &Path, canonical: &Path) -> Opt
     snowluma_workers::upload_path::relative_to_root(input, &[canonical, configured])
 }
 
+/// What [`plan`] reads of a call's `params` (the gates' `Params`, which
+/// keeps them as the client's text).
+pub trait PlanParams {
+    /// Whether `params` has member `key`.
+    fn has(&self, key: &str) -> bool;
+    /// Member `key` of `params`, if any.
+    fn get(&self, key: &str) -> Option<serde_json::Value>;
+}
+
 /// Decide whether this call is a file transfer, and refuse what cannot be
 /// done (`service`: this server's transfers, when it has any). The
 /// automatic upload's checks come in the Node server's order: the upload
@@ -127,7 +136,7 @@ pub fn relative_to_root(input: &str, configured: &Path, canonical: &Path) -> Opt
 pub fn plan(
     service: Option<&TransferService>,
     action: &Action,
-    params: &crate::gates::Params,
+    params: &impl PlanParams,
     input_file: Option<&str>,
 ) -> Result<Option<Plan>, ToolReply> {
     if let Some(input) = input_file {
