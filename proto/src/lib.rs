@@ -14,6 +14,7 @@ pub mod bytes;
 pub mod fdpass;
 pub mod frame;
 pub mod json;
+pub mod keys;
 pub mod msg;
 pub mod outcome;
 pub mod session;

@@ -20,7 +20,7 @@ use snowluma_catalog::{Action, Catalog};
 use snowluma_proto::{Diagnostics, FailureKind, JsonText, ToolReply};
 
 use crate::policy::Policy;
-use crate::tools::{Modes, ToolSpec};
+use crate::tools::{Handler, Modes, ToolSpec};
 use crate::transfers::{Plan, TransferService};
 use snowluma_config::Mode;
 
@@ -37,6 +37,8 @@ pub struct ExecArgs {
     execution: Option<Value>,
     /// `execution.input_file`, once [`execution`] accepted it.
     input_file: Option<String>,
+    /// `execution.idempotency_key`, once [`execution`] accepted it.
+    idempotency_key: Option<String>,
 }
 
 impl ExecArgs {
@@ -61,6 +63,7 @@ pub fn arguments(args: Value) -> ExecArgs {
         params: m.remove("params").map(Params::Value),
         execution: m.remove("execution"),
         input_file: None,
+        idempotency_key: None,
     }
 }
 
@@ -118,7 +121,7 @@ pub fn exec_arguments(args: Args) -> ExecArgs {
         let start = p.get().as_ptr() as usize - raw.get().as_ptr() as usize;
         Params::Raw { args: raw.clone(), span: start..start + p.get().len() }
     });
-    ExecArgs { action, params, execution, input_file: None }
+    ExecArgs { action, params, execution, input_file: None, idempotency_key: None }
 }
 
 /// `params`: a parsed value, or its place in the arguments' text (forwarded
@@ -254,10 +257,15 @@ pub fn read_only(read_only_tool: bool, action: &Action, given: &str) -> Result<(
 
 /// `execution`, as Node checks it once the action is known: an object whose
 /// only key is `input_file`, a non-blank string, for `upload_file_stream`
-/// only. An empty object is accepted.
+/// only. An empty object is accepted. Ours beside it: `idempotency_key`,
+/// 1–128 printable ASCII (see `idempotency.rs`).
 pub fn execution(args: &mut ExecArgs, action: &Action) -> Result<(), ToolReply> {
     let invalid = |m: String| {
-        refusal(FailureKind::InvalidArguments, m, "See the tool's inputSchema: execution takes only input_file.")
+        refusal(
+            FailureKind::InvalidArguments,
+            m,
+            "See the tool's inputSchema: execution takes only input_file and idempotency_key.",
+        )
     };
     let Some(execution) = args.execution.take() else {
         return Ok(());
@@ -265,10 +273,19 @@ pub fn execution(args: &mut ExecArgs, action: &Action) -> Result<(), ToolReply> 
     let Value::Object(mut m) = execution else {
         return Err(invalid("execution 必须是对象。".into()));
     };
-    let unknown: Vec<String> =
-        m.keys().filter(|k| *k != "input_file").map(|k| snowluma_catalog::plain_echo(k)).collect();
+    let unknown: Vec<String> = m
+        .keys()
+        .filter(|k| *k != "input_file" && *k != "idempotency_key")
+        .map(|k| snowluma_catalog::plain_echo(k))
+        .collect();
     if !unknown.is_empty() {
         return Err(invalid(format!("未知 MCP execution 选项: {}", unknown.join(", "))));
+    }
+    if let Some(key) = m.remove("idempotency_key") {
+        match key {
+            Value::String(k) if crate::idempotency::valid_key(&k) => args.idempotency_key = Some(k),
+            _ => return Err(invalid("execution.idempotency_key 必须是 1–128 个可打印 ASCII 字符的字符串。".into())),
+        }
     }
     let Some(file) = m.remove("input_file") else {
         return Ok(());
@@ -352,6 +369,10 @@ pub enum Step {
     // ALLOW_USERS, read from the admitted params), send pacing, and the
     // confirmation of destructive actions. They run after the policy and
     // before the audit intent (see `admit`).
+    /// `SNOWLUMA_MCP_CONFIRM_ACTIONS` ([`confirm`]): marks the admission for
+    /// a confirmation (asked by the call's flow, `completion_flow.rs`);
+    /// refuses a background task, which cannot ask. Audited.
+    Confirm,
 }
 
 /// Which entry a call came in by. The gates are the same for all, in the
@@ -391,12 +412,19 @@ pub struct Admission<N> {
     pub params: Params,
     /// `execution.input_file`, when given ([`Step::Execution`]).
     pub input_file: Option<String>,
+    /// `execution.idempotency_key`, when given ([`Step::Execution`]).
+    pub idempotency_key: Option<String>,
     /// The transfer plan ([`Step::Transfer`]); a failed plan of an entry
     /// that runs later is its refusal, given when the call runs (no later
     /// gate refused it).
     pub transfer: Result<Option<Plan>, ToolReply>,
     // hook: the verdicts of the next issue's gates (target scope, pacing
     // slot, confirmation) become fields here.
+    /// The human must confirm before it runs ([`Step::Confirm`]).
+    pub confirm: bool,
+    /// The audit `op_id` of an accepted confirmation, which the intent and
+    /// result records then share.
+    pub op_id: Option<String>,
 }
 
 impl<N> Admission<N> {
@@ -431,9 +459,23 @@ impl Refused {
     pub fn audit_reason(&self) -> Option<&'static str> {
         match self.step {
             Step::Policy => Some("policy_denied"),
+            Step::Confirm => Some("confirmation_unavailable"),
             _ => None,
         }
     }
+}
+
+/// Whether the operator wants `action` confirmed first
+/// (`SNOWLUMA_MCP_CONFIRM_ACTIONS`); a background task, which cannot ask,
+/// is refused.
+pub fn confirm(list: &crate::confirm::ConfirmList, action: &Action, entry: Entry) -> Result<bool, ToolReply> {
+    if !list.requires(action) {
+        return Ok(false);
+    }
+    if entry == Entry::Background {
+        return Err(crate::confirm::not_in_background(action));
+    }
+    Ok(true)
 }
 
 /// A background task runs stream actions only.
@@ -465,6 +507,13 @@ pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: 
     let action = catalog_action(cx.catalog, &args.action).map_err(Refused::at(Step::Catalog))?;
     read_only(spec.handler.read_only_tool(), action, &args.action).map_err(Refused::at(Step::ReadOnly))?;
     execution(&mut args, action).map_err(Refused::at(Step::Execution))?;
+    if args.idempotency_key.is_some() && !matches!(spec.handler, Handler::Invoke | Handler::InvokeWithInput) {
+        return Err(Refused::at(Step::Execution)(refusal(
+            FailureKind::InvalidArguments,
+            "execution.idempotency_key 仅可用于 invoke_action / invoke_action_with_input。".into(),
+            "Call invoke_action with the key, or leave it out.",
+        )));
+    }
     if entry == Entry::Background {
         stream(action).map_err(Refused::at(Step::Stream))?;
     }
@@ -483,7 +532,22 @@ pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: 
     }
     // hook: target scope, send pacing and confirmation of destructive
     // actions run here, after the policy, each refusing with its own Step.
-    Ok(Admission { network, action, given: args.action, params, input_file: args.input_file, transfer })
+    let confirm = confirm(cx.policy.confirm(), action, entry).map_err(|reply| Refused {
+        step: Step::Confirm,
+        reply,
+        audited: Some(Box::new((args.action.clone(), action))),
+    })?;
+    Ok(Admission {
+        network,
+        action,
+        given: args.action,
+        params,
+        input_file: args.input_file,
+        idempotency_key: args.idempotency_key,
+        transfer,
+        confirm,
+        op_id: None,
+    })
 }
 
 #[cfg(test)]

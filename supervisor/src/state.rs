@@ -40,6 +40,8 @@ pub struct Services {
     pub tasks: Option<Arc<crate::tasks::TaskService>>,
     /// Live event resources (with an events URL).
     pub events: Option<Arc<EventHub>>,
+    /// Idempotency keys (always; persistent with a task directory).
+    pub keys: Arc<crate::idempotency::Keys>,
 }
 
 pub struct ServerState {
@@ -57,6 +59,8 @@ pub struct ServerState {
     pub(crate) events: Option<Arc<EventHub>>,
     /// Persistent background transfers (write mode with a task directory).
     pub(crate) tasks: Option<Arc<crate::tasks::TaskService>>,
+    /// `execution.idempotency_key`s (`idempotency.rs`).
+    pub(crate) keys: Arc<crate::idempotency::Keys>,
 }
 
 impl ServerState {
@@ -67,7 +71,7 @@ impl ServerState {
         audit: Option<AuditLog>,
         services: Services,
     ) -> ServerState {
-        let Services { transfers, continuations, tasks, events } = services;
+        let Services { transfers, continuations, tasks, events, keys } = services;
         ServerState {
             config,
             workers,
@@ -78,6 +82,7 @@ impl ServerState {
             continuations,
             events,
             tasks,
+            keys,
         }
     }
 
