@@ -131,8 +131,14 @@ impl ServerState {
                     return reply;
                 }
                 Err(reply) => {
-                    if reply.diagnostics.kind == Some(FailureKind::IdempotencyConflict) {
-                        self.audit_refusal(spec, &given, action, trace, "idempotency_conflict", "key").await;
+                    // Refused before anything was sent (a cancelled wait is no refusal).
+                    let reason = match reply.diagnostics.kind {
+                        Some(FailureKind::IdempotencyConflict) => Some("idempotency_conflict"),
+                        Some(FailureKind::IdempotencyUnavailable) => Some("idempotency_unavailable"),
+                        _ => None,
+                    };
+                    if let Some(reason) = reason {
+                        self.audit_refusal(spec, &given, action, trace, reason, "key").await;
                     }
                     return reply;
                 }

@@ -746,6 +746,34 @@ mod tests {
             assert_eq!(kind(&a.transfer.unwrap_err()), Some(FailureKind::NotConfigured));
             assert_eq!(step(&denied, spec, entry, upload.clone()), Err((Step::Transfer, None)), "the plan comes first");
         }
+        // execution.idempotency_key: invoke tools only, 1–128 printable ASCII.
+        let keyed = |key: Value| json!({"action": "get_status", "execution": {"idempotency_key": key}});
+        assert_eq!(
+            admit(&write, INVOKE_ACTION, Entry::Call, keyed(json!("k")).into()).unwrap().idempotency_key.as_deref(),
+            Some("k")
+        );
+        assert!(admit(&write, INVOKE_ACTION_WITH_INPUT, Entry::WithInput, keyed(json!("k")).into()).is_ok());
+        for (spec, entry, key) in [
+            (QUERY_ACTION, Entry::Call, json!("k")),
+            (INVOKE_ACTION_BACKGROUND, Entry::Background, json!("k")),
+            (INVOKE_ACTION, Entry::Call, json!("")),
+            (INVOKE_ACTION, Entry::Call, json!(1)),
+        ] {
+            let r = admit(&write, spec, entry, keyed(key).into()).unwrap_err();
+            assert_eq!(r.step, Step::Execution, "before the stream check");
+        }
+        // SNOWLUMA_MCP_CONFIRM_ACTIONS: after the policy; a background task is refused (audited).
+        let listed = crate::confirm::ConfirmList::from_config(catalog(), Some("set_group_kick,upload_file_stream"));
+        let confirming = Policy::from_config(catalog(), None, None).unwrap().with_confirm(listed.unwrap());
+        let cc = cx(Mode::Write, Some(&1), &confirming);
+        let kick = json!({"action": "set_group_kick", "params": {}});
+        assert!(admit(&cc, INVOKE_ACTION, Entry::Call, kick.clone().into()).unwrap().confirm);
+        assert!(!admit(&cc, INVOKE_ACTION, Entry::Call, json!({"action": "get_status"}).into()).unwrap().confirm);
+        assert!(!admit(&write, INVOKE_ACTION, Entry::Call, kick.into()).unwrap().confirm, "unset: no confirmation");
+        let bg = json!({"action": "upload_file_stream"});
+        let r = admit(&cc, INVOKE_ACTION_BACKGROUND, Entry::Background, bg.into()).unwrap_err();
+        assert_eq!((r.step, r.audit_reason()), (Step::Confirm, Some("confirmation_unavailable")));
+        assert_eq!(kind(&r.reply), Some(FailureKind::NotConfirmed));
         // Answers change the params (and so the plan), nothing else.
         let a = admit(
             &write,

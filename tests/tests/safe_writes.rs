@@ -87,6 +87,13 @@ fn phases(recs: &[Value]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `snowluma-mcp audit verify LOG` accepts the log (the new record kinds included).
+fn verify(log: &Path) {
+    let out = std::process::Command::new(bin_path()).arg("audit").arg("verify").arg(log).env_clear().bounded_output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "audit verify: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn diag(r: &Value) -> &Value {
     &structured(r)["diagnostics"]
 }
@@ -170,6 +177,8 @@ fn a_key_runs_once_and_replays_its_outcome() {
         !std::fs::read_to_string(e.log()).unwrap().contains("k-1"),
         "the key itself is not written to the audit log"
     );
+    finish(s);
+    verify(&e.log());
 }
 
 /// 50 concurrent calls with one key: exactly one reaches the fake; the
@@ -358,6 +367,8 @@ fn legacy_clients_confirm_through_elicitation() {
     // Actions not listed run at once.
     let r = s.call("invoke_action", json!({"action": "send_group_msg", "params": {"group_id": 1, "message": "x"}}));
     assert!(!is_error(&r), "{r}");
+    finish(s);
+    verify(&e.log());
 }
 
 fn modern_call(s: &mut Mcp, args: &Value, caps: &Value) -> Value {
