@@ -327,8 +327,9 @@ impl ServerState {
                 };
                 confirm::decide(taken, r.content.as_ref())
             }
-            // Failed or unanswered in time: not confirmed.
-            Ok(Err(_)) | Err(_) => Decision::Cancelled,
+            // Failed (the client answered with an error): not confirmed.
+            Ok(Err(_)) => Decision::Cancelled,
+            Err(_) => Decision::TimedOut,
         })
     }
 

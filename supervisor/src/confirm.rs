@@ -141,7 +141,9 @@ pub enum Decision {
     Accepted,
     Declined,
     Cancelled,
-    /// The confirmation could not be asked or answered in time.
+    /// Not answered in time (a legacy client's `elicitation/create`).
+    TimedOut,
+    /// The confirmation could not be asked.
     Unavailable,
 }
 
@@ -151,6 +153,7 @@ impl Decision {
             Decision::Accepted => "accepted",
             Decision::Declined => "declined",
             Decision::Cancelled => "cancelled",
+            Decision::TimedOut => "timed_out",
             Decision::Unavailable => "unavailable",
         }
     }
@@ -171,6 +174,7 @@ pub fn refusal(action: &Action, decision: Decision, why: &str) -> ToolReply {
     let lead = match decision {
         Decision::Declined => "用户拒绝了确认（declined）",
         Decision::Cancelled => "确认请求已取消（cancelled）",
+        Decision::TimedOut => "确认请求在 10 分钟内未得到回答（timed out）",
         Decision::Unavailable | Decision::Accepted => "无法取得确认",
     };
     ToolReply::error(

@@ -137,7 +137,7 @@ pub enum ActionRecord {
     Confirmation {
         #[serde(flatten)]
         action: ActionRef,
-        /// `accepted`, `declined` or `cancelled`.
+        /// `accepted`, `declined`, `cancelled` or `timed_out`.
         decision: &'static str,
     },
     /// The recorded outcome of an earlier call with the same idempotency
