@@ -200,6 +200,41 @@ fn fifty_concurrent_calls_with_one_key_send_once() {
         assert!(!is_error(r), "{r}");
         assert_eq!(structured(r)["result"], structured(&replies[0])["result"]);
     }
+    // The same with modern requests (each with its own _meta), another key.
+    let ids: Vec<Value> = (0..50)
+        .map(|_| {
+            s.send_request(
+                "tools/call",
+                json!({"name": "invoke_action", "arguments": send("burst-2", 20001), "_meta": modern_meta()}),
+            )
+        })
+        .collect();
+    let replies: Vec<Value> = ids.iter().map(|id| s.wait_for(id)["result"].clone()).collect();
+    assert_eq!(e.sent("send_group_msg"), 2, "exactly one more of 50 reached SnowLuma");
+    assert_eq!(replies.iter().filter(|r| diag(r)["replayed"] == true).count(), 49);
+}
+
+/// While another runtime holds the task directory's lease, a keyed call is
+/// refused (nothing sent, audited); a call without a key runs.
+#[test]
+fn a_key_that_cannot_be_kept_is_refused() {
+    let e = env("leased");
+    let mut a = e.spawn_persistent(&[]);
+    a.initialize("2025-11-25");
+    let r = a.call("invoke_action", send("l-1", 20001));
+    assert!(!is_error(&r), "{r}");
+    let mut b = e.spawn_persistent(&[]);
+    b.initialize("2025-11-25");
+    let r = b.call("invoke_action", send("l-2", 20001));
+    assert_eq!(diag(&r)["kind"], "idempotency_unavailable", "{r}");
+    assert!(text(&r).contains("lease"), "{r}");
+    assert_eq!(e.sent("send_group_msg"), 1, "nothing sent");
+    let refused = e.records().into_iter().find(|r| r["phase"] == "refused").unwrap();
+    assert_eq!(refused["reason"], "idempotency_unavailable");
+    let r = b.call("invoke_action", json!({"action": "send_group_msg", "params": {"group_id": 1, "message": "x"}}));
+    assert!(!is_error(&r), "{r}");
+    finish(b);
+    finish(a);
 }
 
 /// An unknown outcome is replayed as unknown: nothing is executed twice.
@@ -468,6 +503,51 @@ fn confirmation_after_input_and_replays_without_asking() {
     let again = s.call("invoke_action", keyed);
     assert_eq!(diag(&again)["replayed"], true, "a replay asks nothing: {again}");
     assert!(s.server_requests_in_backlog("elicitation/create").is_empty());
+    assert_eq!(e.sent("set_group_kick"), 1);
+}
+
+/// A modern invoke_action_with_input: a params round, then a confirmation
+/// round (its state carries the answers), then one execution.
+#[test]
+fn modern_input_then_confirmation() {
+    let e = env("modern-input");
+    let mut s = e.spawn(&[("SNOWLUMA_MCP_CONFIRM_ACTIONS", "destructive")]);
+    let args = json!({"action": "set_group_kick", "params": {"group_id": 20001}});
+    let call = |extra: Value| {
+        let mut p =
+            json!({"name": "invoke_action_with_input", "arguments": args, "_meta": modern_meta_with(elicitation())});
+        if let Value::Object(m) = extra {
+            p.as_object_mut().unwrap().extend(m);
+        }
+        p
+    };
+    let first = s.request("tools/call", call(json!({})));
+    let r = &first["result"];
+    assert_eq!(r["resultType"], "input_required", "{first}");
+    assert!(r["inputRequests"]["params"].is_object(), "params first: {first}");
+    let st = r["requestState"].as_str().unwrap().to_owned();
+    let answer = json!({"action": "accept", "content": {"params_json": "{\"user_id\": 30001}"}});
+    let second = s.request("tools/call", call(json!({"requestState": st, "inputResponses": {"params": answer}})));
+    let st = confirmation_state(&second);
+    assert!(
+        second["result"]["inputRequests"]["confirm"]["params"]["message"].as_str().unwrap().contains("30001"),
+        "the merged params are confirmed: {second}"
+    );
+    assert_eq!(e.sent("set_group_kick"), 0);
+    let yes = json!({"action": "accept", "content": {"confirm": true}});
+    let done = s.request("tools/call", call(json!({"requestState": st, "inputResponses": {"confirm": yes}})));
+    assert!(!is_error(&done["result"]), "{done}");
+    let bodies: Vec<Value> = e
+        .fake
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|q| q.action.as_deref() == Some("set_group_kick"))
+        .map(|q| q.json().unwrap())
+        .collect();
+    assert_eq!(bodies, [json!({"action": "set_group_kick", "params": {"group_id": 20001, "user_id": 30001}})]);
+    let again = s.request("tools/call", call(json!({"requestState": st, "inputResponses": {"confirm": yes}})));
+    assert_eq!(again["error"]["code"], -32602, "one-shot: {again}");
     assert_eq!(e.sent("set_group_kick"), 1);
 }
 
