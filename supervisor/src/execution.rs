@@ -144,6 +144,10 @@ impl ServerState {
                 }
             }
         }
+        // From here on the call will be sent (a replay, a conflict and a
+        // confirmation round have all returned above): the place to charge a
+        // send budget (pacing), so that replays and the rounds of a
+        // confirmation are never counted as sends.
         // What the audit records say about this action (only when auditing).
         let audit = self.audit.as_ref().map(|log| (log, self.action_ref_with(spec, &given, action, trace, op_id)));
         // Nothing leaves without its intent record once auditing is on.
