@@ -4,7 +4,7 @@ use std::hash::{DefaultHasher, Hasher};
 
 fn main() {
     let mut h = DefaultHasher::new();
-    for f in ["src/msg.rs", "src/outcome.rs", "src/frame.rs", "src/task.rs"] {
+    for f in ["src/msg.rs", "src/outcome.rs", "src/frame.rs", "src/task.rs", "src/keys.rs"] {
         println!("cargo:rerun-if-changed={f}");
         match std::fs::read(f) {
             Ok(bytes) => h.write(&bytes),

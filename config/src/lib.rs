@@ -98,6 +98,10 @@ pub struct Cli {
     /// These actions never run (comma-separated names or aliases; wins over allow).
     #[arg(global = true, long, env = "SNOWLUMA_MCP_DENY_ACTIONS", hide_env_values = true)]
     pub deny_actions: Option<String>,
+    /// invoke_action asks the human to confirm these actions first (comma-separated names, aliases
+    /// or the preset `destructive`; unset: no confirmation).
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_CONFIRM_ACTIONS", hide_env_values = true)]
+    pub confirm_actions: Option<String>,
     /// Diagnostics filter for stderr (e.g. info, debug, snowluma_mcp=trace).
     #[arg(global = true, long, env = "SNOWLUMA_MCP_LOG", hide_env_values = true, default_value = "info,rmcp=warn")]
     pub log: String,
@@ -230,6 +234,8 @@ pub struct Config {
     pub audit_key: Option<PathBuf>,
     pub allow_actions: Option<String>,
     pub deny_actions: Option<String>,
+    /// SNOWLUMA_MCP_CONFIRM_ACTIONS as given (resolved by the supervisor).
+    pub confirm_actions: Option<String>,
     pub log: String,
     /// SNOWLUMA_MCP_LOG_PAYLOADS=1: library debug/trace lines are not capped.
     pub log_payloads: bool,
@@ -370,6 +376,7 @@ impl Config {
             audit_key,
             allow_actions: nonempty(&cli.allow_actions),
             deny_actions: nonempty(&cli.deny_actions),
+            confirm_actions: nonempty(&cli.confirm_actions),
             log: cli.log.clone(),
             log_payloads,
             stream_dir_path,

@@ -262,6 +262,7 @@ fn session_args(cli: &Cli) -> Vec<OsString> {
     add("--audit-key", s(&cli.audit_key));
     add("--allow-actions", s(&cli.allow_actions));
     add("--deny-actions", s(&cli.deny_actions));
+    add("--confirm-actions", s(&cli.confirm_actions));
     add("--log", Some(cli.log.clone().into()));
     v
 }

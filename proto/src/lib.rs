@@ -20,6 +20,7 @@ pub mod fdpass;
 pub mod frame;
 pub mod front;
 pub mod json;
+pub mod keys;
 pub mod msg;
 pub mod outcome;
 pub mod session;

@@ -318,6 +318,28 @@ pub enum TasksRequest {
     /// The restart pass: fail every unfinished record ("unknown remote
     /// outcome"). Sent once per supervisor, before any other request.
     Recover,
+    /// Idempotency keys ([`crate::keys`]): the live record of `key_id` at
+    /// `now_ms`, if any (`Record`, else `NotFound`).
+    KeyGet {
+        key_id: String,
+        now_ms: u64,
+    },
+    /// Claim a key: write `record` (pending) unless a live record of its
+    /// id exists, which is answered instead (`Record`); an expired one is
+    /// replaced. `Written` when claimed.
+    KeyBegin {
+        record: JsonText,
+        now_ms: u64,
+    },
+    /// Replace this principal's pending record of the same key with its
+    /// outcome (`done`).
+    KeyFinish {
+        record: JsonText,
+    },
+    /// Remove every expired key record (`Swept`).
+    KeySweep {
+        now_ms: u64,
+    },
 }
 
 /// Replies of the task-store worker.
@@ -333,6 +355,10 @@ pub enum TasksReply {
         next_cursor: Option<String>,
     },
     NotFound,
+    /// Expired key records removed.
+    Swept {
+        removed: u64,
+    },
     /// The store cannot serve (lease held elsewhere, another configuration,
     /// corruption, permissions, a failed write): the reason, for the client.
     Refused {

@@ -45,6 +45,13 @@ pub enum FailureKind {
     WorkerUnavailable,
     AuditFailed,
     Execution,
+    /// An `execution.idempotency_key` reused with another action or params.
+    IdempotencyConflict,
+    /// An `execution.idempotency_key` cannot be kept (store unavailable or full).
+    IdempotencyUnavailable,
+    /// `SNOWLUMA_MCP_CONFIRM_ACTIONS`: the human did not confirm (declined,
+    /// cancelled, timed out, or the client cannot ask).
+    NotConfirmed,
 }
 
 impl FailureKind {
@@ -65,6 +72,9 @@ impl FailureKind {
             FailureKind::WorkerUnavailable => "worker_unavailable",
             FailureKind::AuditFailed => "audit_failed",
             FailureKind::Execution => "execution",
+            FailureKind::IdempotencyConflict => "idempotency_conflict",
+            FailureKind::IdempotencyUnavailable => "idempotency_unavailable",
+            FailureKind::NotConfirmed => "not_confirmed",
         }
     }
 }
@@ -75,19 +85,36 @@ pub struct Diagnostics {
     pub kind: Option<FailureKind>,
     pub message: Option<String>,
     pub next_step: Option<String>,
+    /// The recorded outcome of an earlier call with the same
+    /// `execution.idempotency_key`, answered again without contacting
+    /// SnowLuma (rendered as `"replayed": true`).
+    #[serde(default)]
+    pub replayed: bool,
 }
 
 impl Diagnostics {
     pub fn success() -> Diagnostics {
-        Diagnostics { outcome: Outcome::Success, kind: None, message: None, next_step: None }
+        Diagnostics { outcome: Outcome::Success, kind: None, message: None, next_step: None, replayed: false }
     }
 
     pub fn failed(kind: FailureKind, message: impl Into<String>) -> Diagnostics {
-        Diagnostics { outcome: Outcome::Failed, kind: Some(kind), message: Some(message.into()), next_step: None }
+        Diagnostics {
+            outcome: Outcome::Failed,
+            kind: Some(kind),
+            message: Some(message.into()),
+            next_step: None,
+            replayed: false,
+        }
     }
 
     pub fn unknown(kind: FailureKind, message: impl Into<String>) -> Diagnostics {
-        Diagnostics { outcome: Outcome::Unknown, kind: Some(kind), message: Some(message.into()), next_step: None }
+        Diagnostics {
+            outcome: Outcome::Unknown,
+            kind: Some(kind),
+            message: Some(message.into()),
+            next_step: None,
+            replayed: false,
+        }
     }
 
     pub fn with_next_step(mut self, step: impl Into<String>) -> Diagnostics {
@@ -107,6 +134,9 @@ impl Diagnostics {
         if let Some(s) = &self.next_step {
             m.insert("next_step".into(), json!(s));
         }
+        if self.replayed {
+            m.insert("replayed".into(), json!(true));
+        }
         Value::Object(m)
     }
 
@@ -118,7 +148,8 @@ impl Diagnostics {
                 "outcome": {"type": "string", "enum": ["success", "failed", "unknown"]},
                 "kind": {"type": "string"},
                 "message": {"type": "string"},
-                "next_step": {"type": "string"}
+                "next_step": {"type": "string"},
+                "replayed": {"type": "boolean"}
             },
             "required": ["outcome"]
         })

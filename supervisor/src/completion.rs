@@ -205,6 +205,10 @@ pub struct State {
     pub missing: Vec<String>,
     /// Fields answered in earlier rounds of this call.
     pub answered: Answer,
+    /// This round asks for the confirmation of the call
+    /// (`SNOWLUMA_MCP_CONFIRM_ACTIONS`, `confirm.rs`), not for params.
+    #[serde(default)]
+    pub confirm: bool,
 }
 
 /// Why a continuation is refused (JSON-RPC -32602).
@@ -441,7 +445,14 @@ mod tests {
     fn a_continuation_opens_once_for_its_own_call() {
         let c = Continuations::new(Duration::ZERO).unwrap();
         let id = c.reserve().unwrap();
-        let state = State { id, tool: "t".into(), digest: "d".into(), missing: vec!["m".into()], answered: Map::new() };
+        let state = State {
+            id,
+            tool: "t".into(),
+            digest: "d".into(),
+            missing: vec!["m".into()],
+            answered: Map::new(),
+            confirm: false,
+        };
         let sealed = c.seal(&state).unwrap();
         assert_eq!(c.redeem(&sealed, "t", "other").unwrap_err(), StateError::Foreign);
         assert!(c.check(&sealed, "t", "d").is_ok());
@@ -464,7 +475,8 @@ mod tests {
     fn continuations_expire_and_are_bounded() {
         let c = Continuations::new(TTL + Duration::from_secs(1)).unwrap();
         let id = c.reserve().unwrap();
-        let state = State { id, tool: "t".into(), digest: "d".into(), missing: vec![], answered: Map::new() };
+        let state =
+            State { id, tool: "t".into(), digest: "d".into(), missing: vec![], answered: Map::new(), confirm: false };
         let sealed = c.seal(&state).unwrap();
         assert_eq!(c.redeem(&sealed, "t", "d").unwrap_err(), StateError::Expired);
         let c = Continuations::new(Duration::ZERO).unwrap();

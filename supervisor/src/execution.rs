@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{ActionRecord, ActionRef, AuditLog};
 use crate::gates;
+use crate::idempotency::Claim;
 use crate::replies::tool_reply;
 use crate::state::ServerState;
 use crate::tools::ToolSpec;
@@ -120,13 +121,42 @@ impl ServerState {
         progress: ProgressSink,
     ) -> ToolReply {
         let tool = spec.name;
-        let gates::Admission { network, action, given, params, transfer, .. } = admission;
+        let gates::Admission { network, action, given, params, transfer, idempotency_key, op_id, .. } = admission;
         let transfer = match transfer {
             Ok(t) => t,
             Err(refusal) => return refusal,
         };
+        // A keyed call: the recorded reply of the key, or the right to run
+        // it (held until its outcome is recorded; see `idempotency.rs`).
+        let mut keyed = None;
+        if let Some(key) = &idempotency_key {
+            let key = self.keys.call_key(key, action, &params.to_value());
+            match self.keys.claim(key, cancel).await {
+                Ok(Claim::Run(running)) => keyed = Some(running),
+                Ok(Claim::Replay(reply)) => {
+                    self.audit_replay(spec, &given, action, trace, &reply, op_id).await;
+                    return reply;
+                }
+                Err(reply) => {
+                    // Refused before anything was sent (a cancelled wait is no refusal).
+                    let reason = match reply.diagnostics.kind {
+                        Some(FailureKind::IdempotencyConflict) => Some("idempotency_conflict"),
+                        Some(FailureKind::IdempotencyUnavailable) => Some("idempotency_unavailable"),
+                        _ => None,
+                    };
+                    if let Some(reason) = reason {
+                        self.audit_refusal(spec, &given, action, trace, reason, "key").await;
+                    }
+                    return reply;
+                }
+            }
+        }
+        // From here on the call will be sent (a replay, a conflict and a
+        // confirmation round have all returned above): the place to charge a
+        // send budget (pacing), so that replays and the rounds of a
+        // confirmation are never counted as sends.
         // What the audit records say about this action (only when auditing).
-        let audit = self.audit.as_ref().map(|log| (log, self.action_ref(spec, &given, action, trace)));
+        let audit = self.audit.as_ref().map(|log| (log, self.action_ref_with(spec, &given, action, trace, op_id)));
         // Nothing leaves without its intent record once auditing is on.
         if let Some((log, about)) = &audit {
             let rec =
@@ -142,6 +172,15 @@ impl ServerState {
             }
         }
         let started = Instant::now();
+        // The key's pending record, before anything is sent.
+        if let Some(running) = &mut keyed
+            && let Err(reply) = running.begin().await
+        {
+            if let Some((log, about)) = audit {
+                record_result(log, about, &reply, started).await;
+            }
+            return reply;
+        }
         let exec = ExecRequest {
             action: given,
             params: params.json_text(),
@@ -175,6 +214,9 @@ impl ServerState {
         if let Some(f) = forwarder {
             finish_progress(f, &mut reply, cancel, tool).await;
         }
+        if let Some(running) = keyed {
+            running.finish(&reply).await;
+        }
         if let Some((log, about)) = audit {
             record_result(log, about, &reply, started).await;
         }
@@ -183,8 +225,21 @@ impl ServerState {
 
     /// What every audit record of one action says about it.
     fn action_ref(&self, spec: ToolSpec, given: &str, action: &Action, trace: &CallTrace) -> ActionRef {
+        self.action_ref_with(spec, given, action, trace, None)
+    }
+
+    /// [`Self::action_ref`] with the `op_id` of an earlier record of the same
+    /// operation (an accepted confirmation), else a new one.
+    pub(crate) fn action_ref_with(
+        &self,
+        spec: ToolSpec,
+        given: &str,
+        action: &Action,
+        trace: &CallTrace,
+        op_id: Option<String>,
+    ) -> ActionRef {
         ActionRef {
-            op_id: hex(&crate::trace::random_bytes::<16>()),
+            op_id: op_id.unwrap_or_else(|| hex(&crate::trace::random_bytes::<16>())),
             tool: spec.name.to_owned(),
             action: given.to_owned(),
             canonical: action.name.clone(),
@@ -211,6 +266,47 @@ impl ServerState {
         if let Err(e) = log.record(ActionRecord::Refused { action: about, reason }).await {
             tracing::error!(error = %e, "cannot write an audit record for a refused {what}");
         }
+    }
+}
+
+impl ServerState {
+    /// A `replayed` audit record: a keyed call answered from its record.
+    async fn audit_replay(
+        &self,
+        spec: ToolSpec,
+        given: &str,
+        action: &Action,
+        trace: &CallTrace,
+        reply: &ToolReply,
+        op_id: Option<String>,
+    ) {
+        let Some(log) = &self.audit else { return };
+        let about = self.action_ref_with(spec, given, action, trace, op_id);
+        let rec = ActionRecord::Replayed { action: about, outcome: reply.diagnostics.outcome.as_str() };
+        if let Err(e) = log.record(rec).await {
+            tracing::error!(error = %e, "cannot write an audit record for a replayed call");
+        }
+    }
+
+    /// A `confirmation` audit record (before the intent record); the
+    /// operation's `op_id`, which the intent and result records then share.
+    pub(crate) async fn audit_confirmation(
+        &self,
+        spec: ToolSpec,
+        given: &str,
+        action: &Action,
+        trace: &CallTrace,
+        decision: crate::confirm::Decision,
+    ) -> String {
+        let about = self.action_ref(spec, given, action, trace);
+        let op_id = about.op_id.clone();
+        if let Some(log) = &self.audit {
+            let rec = ActionRecord::Confirmation { action: about, decision: decision.as_str() };
+            if let Err(e) = log.record(rec).await {
+                tracing::error!(error = %e, "cannot write the audit record of a confirmation");
+            }
+        }
+        op_id
     }
 }
 

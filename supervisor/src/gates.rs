@@ -20,7 +20,7 @@ use snowluma_catalog::{Action, Catalog};
 use snowluma_proto::{Diagnostics, FailureKind, JsonText, ToolReply};
 
 use crate::policy::Policy;
-use crate::tools::{Modes, ToolSpec};
+use crate::tools::{Handler, Modes, ToolSpec};
 use crate::transfers::{Plan, TransferService};
 use snowluma_config::Mode;
 
@@ -37,6 +37,8 @@ pub struct ExecArgs {
     execution: Option<Value>,
     /// `execution.input_file`, once [`execution`] accepted it.
     input_file: Option<String>,
+    /// `execution.idempotency_key`, once [`execution`] accepted it.
+    idempotency_key: Option<String>,
 }
 
 impl ExecArgs {
@@ -61,6 +63,7 @@ pub fn arguments(args: Value) -> ExecArgs {
         params: m.remove("params").map(Params::Value),
         execution: m.remove("execution"),
         input_file: None,
+        idempotency_key: None,
     }
 }
 
@@ -118,7 +121,7 @@ pub fn exec_arguments(args: Args) -> ExecArgs {
         let start = p.get().as_ptr() as usize - raw.get().as_ptr() as usize;
         Params::Raw { args: raw.clone(), span: start..start + p.get().len() }
     });
-    ExecArgs { action, params, execution, input_file: None }
+    ExecArgs { action, params, execution, input_file: None, idempotency_key: None }
 }
 
 /// `params`: a parsed value, or its place in the arguments' text (forwarded
@@ -263,10 +266,15 @@ pub fn read_only(read_only_tool: bool, action: &Action, given: &str) -> Result<(
 
 /// `execution`, as Node checks it once the action is known: an object whose
 /// only key is `input_file`, a non-blank string, for `upload_file_stream`
-/// only. An empty object is accepted.
+/// only. An empty object is accepted. Ours beside it: `idempotency_key`,
+/// 1–128 printable ASCII (see `idempotency.rs`).
 pub fn execution(args: &mut ExecArgs, action: &Action) -> Result<(), ToolReply> {
     let invalid = |m: String| {
-        refusal(FailureKind::InvalidArguments, m, "See the tool's inputSchema: execution takes only input_file.")
+        refusal(
+            FailureKind::InvalidArguments,
+            m,
+            "See the tool's inputSchema: execution takes only input_file and idempotency_key.",
+        )
     };
     let Some(execution) = args.execution.take() else {
         return Ok(());
@@ -274,10 +282,19 @@ pub fn execution(args: &mut ExecArgs, action: &Action) -> Result<(), ToolReply> 
     let Value::Object(mut m) = execution else {
         return Err(invalid("execution 必须是对象。".into()));
     };
-    let unknown: Vec<String> =
-        m.keys().filter(|k| *k != "input_file").map(|k| snowluma_catalog::plain_echo(k)).collect();
+    let unknown: Vec<String> = m
+        .keys()
+        .filter(|k| *k != "input_file" && *k != "idempotency_key")
+        .map(|k| snowluma_catalog::plain_echo(k))
+        .collect();
     if !unknown.is_empty() {
         return Err(invalid(format!("未知 MCP execution 选项: {}", unknown.join(", "))));
+    }
+    if let Some(key) = m.remove("idempotency_key") {
+        match key {
+            Value::String(k) if crate::idempotency::valid_key(&k) => args.idempotency_key = Some(k),
+            _ => return Err(invalid("execution.idempotency_key 必须是 1–128 个可打印 ASCII 字符的字符串。".into())),
+        }
     }
     let Some(file) = m.remove("input_file") else {
         return Ok(());
@@ -361,6 +378,10 @@ pub enum Step {
     // ALLOW_USERS, read from the admitted params), send pacing, and the
     // confirmation of destructive actions. They run after the policy and
     // before the audit intent (see `admit`).
+    /// `SNOWLUMA_MCP_CONFIRM_ACTIONS` ([`confirm`]): marks the admission for
+    /// a confirmation (asked by the call's flow, `completion_flow.rs`);
+    /// refuses a background task, which cannot ask. Audited.
+    Confirm,
 }
 
 /// Which entry a call came in by. The gates are the same for all, in the
@@ -400,12 +421,19 @@ pub struct Admission<N> {
     pub params: Params,
     /// `execution.input_file`, when given ([`Step::Execution`]).
     pub input_file: Option<String>,
+    /// `execution.idempotency_key`, when given ([`Step::Execution`]).
+    pub idempotency_key: Option<String>,
     /// The transfer plan ([`Step::Transfer`]); a failed plan of an entry
     /// that runs later is its refusal, given when the call runs (no later
     /// gate refused it).
     pub transfer: Result<Option<Plan>, ToolReply>,
     // hook: the verdicts of the next issue's gates (target scope, pacing
     // slot, confirmation) become fields here.
+    /// The human must confirm before it runs ([`Step::Confirm`]).
+    pub confirm: bool,
+    /// The audit `op_id` of an accepted confirmation, which the intent and
+    /// result records then share.
+    pub op_id: Option<String>,
 }
 
 impl<N> Admission<N> {
@@ -440,9 +468,23 @@ impl Refused {
     pub fn audit_reason(&self) -> Option<&'static str> {
         match self.step {
             Step::Policy => Some("policy_denied"),
+            Step::Confirm => Some("confirmation_unavailable"),
             _ => None,
         }
     }
+}
+
+/// Whether the operator wants `action` confirmed first
+/// (`SNOWLUMA_MCP_CONFIRM_ACTIONS`); a background task, which cannot ask,
+/// is refused.
+pub fn confirm(list: &crate::confirm::ConfirmList, action: &Action, entry: Entry) -> Result<bool, ToolReply> {
+    if !list.requires(action) {
+        return Ok(false);
+    }
+    if entry == Entry::Background {
+        return Err(crate::confirm::not_in_background(action));
+    }
+    Ok(true)
 }
 
 /// A background task runs stream actions only.
@@ -474,6 +516,13 @@ pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: 
     let action = catalog_action(cx.catalog, &args.action).map_err(Refused::at(Step::Catalog))?;
     read_only(spec.handler.read_only_tool(), action, &args.action).map_err(Refused::at(Step::ReadOnly))?;
     execution(&mut args, action).map_err(Refused::at(Step::Execution))?;
+    if args.idempotency_key.is_some() && !matches!(spec.handler, Handler::Invoke | Handler::InvokeWithInput) {
+        return Err(Refused::at(Step::Execution)(refusal(
+            FailureKind::InvalidArguments,
+            "execution.idempotency_key 仅可用于 invoke_action / invoke_action_with_input。".into(),
+            "Call invoke_action with the key, or leave it out.",
+        )));
+    }
     if entry == Entry::Background {
         stream(action).map_err(Refused::at(Step::Stream))?;
     }
@@ -492,7 +541,22 @@ pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: 
     }
     // hook: target scope, send pacing and confirmation of destructive
     // actions run here, after the policy, each refusing with its own Step.
-    Ok(Admission { network, action, given: args.action, params, input_file: args.input_file, transfer })
+    let confirm = confirm(cx.policy.confirm(), action, entry).map_err(|reply| Refused {
+        step: Step::Confirm,
+        reply,
+        audited: Some(Box::new((args.action.clone(), action))),
+    })?;
+    Ok(Admission {
+        network,
+        action,
+        given: args.action,
+        params,
+        input_file: args.input_file,
+        idempotency_key: args.idempotency_key,
+        transfer,
+        confirm,
+        op_id: None,
+    })
 }
 
 #[cfg(test)]
@@ -691,6 +755,34 @@ mod tests {
             assert_eq!(kind(&a.transfer.unwrap_err()), Some(FailureKind::NotConfigured));
             assert_eq!(step(&denied, spec, entry, upload.clone()), Err((Step::Transfer, None)), "the plan comes first");
         }
+        // execution.idempotency_key: invoke tools only, 1–128 printable ASCII.
+        let keyed = |key: Value| json!({"action": "get_status", "execution": {"idempotency_key": key}});
+        assert_eq!(
+            admit(&write, INVOKE_ACTION, Entry::Call, keyed(json!("k")).into()).unwrap().idempotency_key.as_deref(),
+            Some("k")
+        );
+        assert!(admit(&write, INVOKE_ACTION_WITH_INPUT, Entry::WithInput, keyed(json!("k")).into()).is_ok());
+        for (spec, entry, key) in [
+            (QUERY_ACTION, Entry::Call, json!("k")),
+            (INVOKE_ACTION_BACKGROUND, Entry::Background, json!("k")),
+            (INVOKE_ACTION, Entry::Call, json!("")),
+            (INVOKE_ACTION, Entry::Call, json!(1)),
+        ] {
+            let r = admit(&write, spec, entry, keyed(key).into()).unwrap_err();
+            assert_eq!(r.step, Step::Execution, "before the stream check");
+        }
+        // SNOWLUMA_MCP_CONFIRM_ACTIONS: after the policy; a background task is refused (audited).
+        let listed = crate::confirm::ConfirmList::from_config(catalog(), Some("set_group_kick,upload_file_stream"));
+        let confirming = Policy::from_config(catalog(), None, None).unwrap().with_confirm(listed.unwrap());
+        let cc = cx(Mode::Write, Some(&1), &confirming);
+        let kick = json!({"action": "set_group_kick", "params": {}});
+        assert!(admit(&cc, INVOKE_ACTION, Entry::Call, kick.clone().into()).unwrap().confirm);
+        assert!(!admit(&cc, INVOKE_ACTION, Entry::Call, json!({"action": "get_status"}).into()).unwrap().confirm);
+        assert!(!admit(&write, INVOKE_ACTION, Entry::Call, kick.into()).unwrap().confirm, "unset: no confirmation");
+        let bg = json!({"action": "upload_file_stream"});
+        let r = admit(&cc, INVOKE_ACTION_BACKGROUND, Entry::Background, bg.into()).unwrap_err();
+        assert_eq!((r.step, r.audit_reason()), (Step::Confirm, Some("confirmation_unavailable")));
+        assert_eq!(kind(&r.reply), Some(FailureKind::NotConfirmed));
         // Answers change the params (and so the plan), nothing else.
         let a = admit(
             &write,

@@ -35,25 +35,12 @@ pub struct Policy {
     deny: BTreeSet<String>,
     /// Every catalog action that the policy refuses, canonical names.
     denied: BTreeSet<String>,
+    /// What `invoke_action` confirms first (`SNOWLUMA_MCP_CONFIRM_ACTIONS`).
+    confirm: crate::confirm::ConfirmList,
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("{var} names an action that is not in the catalog: {name:?}")]
-pub struct PolicyError {
-    pub var: &'static str,
-    pub name: String,
-}
-
-/// Resolve a caller's action name: the exact name or an alias, as Node.
-pub fn resolve<'c>(catalog: &'c Catalog, name: &str) -> Option<&'c Action> {
-    catalog.get(name)
-}
-
-/// Resolve a name in the operator's lists: [`resolve`], else the same with
-/// an `_async` suffix removed.
-fn resolve_listed<'c>(catalog: &'c Catalog, name: &str) -> Option<&'c Action> {
-    resolve(catalog, name).or_else(|| name.strip_suffix("_async").and_then(|base| catalog.get(base)))
-}
+pub use crate::names::{PolicyError, resolve};
+use crate::names::resolve_listed;
 
 fn parse_list(
     catalog: &Catalog,
@@ -79,9 +66,20 @@ impl Policy {
     pub fn from_config(catalog: &Catalog, allow: Option<&str>, deny: Option<&str>) -> Result<Policy, PolicyError> {
         let allow = parse_list(catalog, "SNOWLUMA_MCP_ALLOW_ACTIONS", allow)?;
         let deny = parse_list(catalog, "SNOWLUMA_MCP_DENY_ACTIONS", deny)?.unwrap_or_default();
-        let mut p = Policy { allow, deny, denied: BTreeSet::new() };
+        let mut p = Policy { allow, deny, denied: BTreeSet::new(), confirm: Default::default() };
         p.denied = catalog.actions.iter().filter(|a| !p.permits_name(&a.name)).map(|a| a.name.clone()).collect();
         Ok(p)
+    }
+
+    /// This policy with the operator's confirmation list.
+    pub fn with_confirm(mut self, confirm: crate::confirm::ConfirmList) -> Policy {
+        self.confirm = confirm;
+        self
+    }
+
+    /// The actions `invoke_action` confirms first.
+    pub fn confirm(&self) -> &crate::confirm::ConfirmList {
+        &self.confirm
     }
 
     fn permits_name(&self, canonical: &str) -> bool {

@@ -274,6 +274,25 @@ pub fn send_blocked_by(mode: Mode, endpoint: bool, policy: &Policy, catalog: &Ca
     }
 }
 
+/// Why a send this server would otherwise make cannot be confirmed: the
+/// send action is in `SNOWLUMA_MCP_CONFIRM_ACTIONS` and this client
+/// (`form`: whether it can answer a form) could not be asked.
+pub fn confirmation_blocks(policy: &Policy, catalog: &Catalog, action: &str, form: bool) -> Option<String> {
+    let a = crate::policy::resolve(catalog, action)?;
+    (policy.confirm().requires(a) && !form).then(|| {
+        format!(
+            "{} needs a human's confirmation ({}) and this client does not support form elicitation",
+            a.name,
+            crate::confirm::VAR
+        )
+    })
+}
+
+/// Whether sending asks the human first (`SNOWLUMA_MCP_CONFIRM_ACTIONS`).
+pub fn needs_confirmation(policy: &Policy, catalog: &Catalog, action: &str) -> bool {
+    crate::policy::resolve(catalog, action).is_some_and(|a| policy.confirm().requires(a))
+}
+
 /// The tool's result.
 pub fn result(draft: &Draft, blocked: Option<String>) -> Value {
     json!({
@@ -314,6 +333,7 @@ pub fn result_schema() -> Value {
             "reply_to": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
             "can_send": {"type": "boolean", "description": "Whether this server would send it: write mode, an endpoint, and the send action allowed by policy."},
             "send_blocked_by": {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "Why can_send is false."},
+            "needs_confirmation": {"type": "boolean", "description": "Sending asks the human to confirm first (SNOWLUMA_MCP_CONFIRM_ACTIONS); present only then."},
             "invoke_action": {
                 "type": "object",
                 "description": "The exact invoke_action arguments that send this draft.",
@@ -328,7 +348,8 @@ pub fn result_schema() -> Value {
 
 /// `preview_message`: a draft and whether this server would send it.
 /// Contacts nothing (no worker, no network, no audit record).
-pub(crate) fn tool_call(state: &crate::state::ServerState, args: &Value) -> ToolReply {
+/// `form`: whether the requesting client can answer a confirmation form.
+pub(crate) fn tool_call(state: &crate::state::ServerState, args: &Value, form: bool) -> ToolReply {
     let draft = match parse(args) {
         Ok(d) => d,
         Err(reply) => return reply,
@@ -339,8 +360,15 @@ pub(crate) fn tool_call(state: &crate::state::ServerState, args: &Value) -> Tool
         &state.policy,
         state.catalog,
         draft.action(),
-    );
-    ToolReply::ok(&result(&draft, blocked))
+    )
+    .or_else(|| confirmation_blocks(&state.policy, state.catalog, draft.action(), form));
+    let mut out = result(&draft, blocked);
+    if needs_confirmation(&state.policy, state.catalog, draft.action())
+        && let Some(o) = out.as_object_mut()
+    {
+        o.insert("needs_confirmation".into(), json!(true));
+    }
+    ToolReply::ok(&out)
 }
 
 #[cfg(test)]

@@ -102,6 +102,8 @@ pub async fn runtime_info(
         },
         "audit_log": server.audit_enabled(),
         "policy": server.policy().to_json(),
+        "confirmation": server.policy().confirm().to_json(),
+        "idempotency": server.keys.to_json(),
         "confinement": confinement(),
     });
     if args.check_connection {

@@ -124,9 +124,10 @@ impl ServerHandler for SnowlumaServer {
                 ),
             ));
         };
-        // Only the _with_input tools issue continuations; any other tool
+        // Only the _with_input tools issue continuations (and invoke_action,
+        // for a confirmation: `completion_flow::invoke`); any other tool
         // refuses one rather than run as if it were not there.
-        let completes = matches!(spec.handler, Handler::QueryWithInput | Handler::InvokeWithInput);
+        let completes = matches!(spec.handler, Handler::QueryWithInput | Handler::InvokeWithInput | Handler::Invoke);
         if !completes && request.request_state.is_some() {
             return Err(state_error(StateError::Foreign));
         }
@@ -159,8 +160,16 @@ impl ServerHandler for SnowlumaServer {
         // The execution tools' mode is the first of their gates
         // (`gates::admit`); every other tool's is checked here.
         let reply = match spec.handler {
-            Handler::Query | Handler::Invoke => {
-                self.state.exec_call(spec, text_args, &trace, &ctx.ct, ProgressSink::client(&ctx)).await
+            Handler::Query => self.state.exec_call(spec, text_args, &trace, &ctx.ct, ProgressSink::client(&ctx)).await,
+            Handler::Invoke => {
+                let input = (request.input_responses, request.request_state);
+                match self.state.invoke(spec, text_args, input, &ctx, &trace).await? {
+                    Completion::Done(reply) => reply,
+                    Completion::Ask(result) => {
+                        log_answered(spec, &trace, "input_required", started);
+                        return Ok(result.into());
+                    }
+                }
             }
             Handler::QueryWithInput | Handler::InvokeWithInput => {
                 let input = (request.input_responses, request.request_state);
@@ -189,7 +198,9 @@ impl ServerHandler for SnowlumaServer {
                 ToolReply::fail(FailureKind::Execution, "后台任务需要写模式（SNOWLUMA_MCP_MODE=write）。".to_owned())
             }
             Handler::ListTasks => self.state.list_tasks(args).await,
-            Handler::Preview => crate::preview::tool_call(&self.state, &args),
+            Handler::Preview => {
+                crate::preview::tool_call(&self.state, &args, crate::completion_flow::can_answer_form(&ctx))
+            }
         };
         log_call(spec, &trace, &reply, started);
         Ok(render(reply, &trace).into())

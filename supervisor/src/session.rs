@@ -195,7 +195,15 @@ fn build_server(
         (Some(n), Some(_)) => Some(events::EventHub::new(n.clone(), timeout)),
         _ => None,
     };
+    let key_owner = task_owner.clone();
     let task_service = slots.tasks.clone().map(|slot| tasks::TaskService::new(slot, task_owner));
+    // Idempotency keys: the task store's with a task directory, else this
+    // runtime's memory.
+    let key_clock = crate::idempotency::Keys::clock_offset_from_env();
+    let keys = Arc::new(match task_service.clone() {
+        Some(t) => crate::idempotency::Keys::persistent(t, key_owner, key_clock),
+        None => crate::idempotency::Keys::in_memory(key_owner, key_clock),
+    });
     if let Some(t) = task_service.clone() {
         // The restart pass, at once: unfinished records of an earlier run
         // become failed (unknown remote outcome). Errors are reported to
@@ -205,6 +213,8 @@ fn build_server(
                 tracing::warn!(error = %e, "the task store cannot be used");
             }
         });
+        let k = keys.clone();
+        tokio::spawn(async move { k.sweep().await });
     }
     // A damaged panel is a packaging error, said at startup; its resource
     // read fails with the same message (nothing serves an empty panel).
@@ -221,6 +231,7 @@ fn build_server(
             continuations,
             tasks: task_service.clone(),
             events: hub.clone(),
+            keys,
         },
     );
     Ok((server, hub, task_service))

@@ -78,7 +78,14 @@ fn start(cli: &Cli) -> Result<(Started, Spawner), Stop> {
         config.allow_actions.as_deref(),
         config.deny_actions.as_deref(),
     )
-    .map_err(config_error)?;
+    .map_err(config_error)?
+    .with_confirm(
+        crate::confirm::ConfirmList::from_config(
+            snowluma_catalog::Catalog::bundled(),
+            config.confirm_actions.as_deref(),
+        )
+        .map_err(config_error)?,
+    );
     // Who this session serves: the serve-http launcher names the HTTP
     // principal (read once, then scrubbed); otherwise the socket's peer.
     let principal = take_session_principal().or_else(|| stdin_peer().map(audit::Principal::Local));

@@ -34,6 +34,8 @@ pub struct Services {
     pub tasks: Option<Arc<crate::tasks::TaskService>>,
     /// Live event resources (with an events URL).
     pub events: Option<Arc<EventHub>>,
+    /// Idempotency keys (always; persistent with a task directory).
+    pub keys: Arc<crate::idempotency::Keys>,
 }
 
 pub struct ServerState {
@@ -51,6 +53,8 @@ pub struct ServerState {
     pub(crate) events: Option<Arc<EventHub>>,
     /// Persistent background transfers (write mode with a task directory).
     pub(crate) tasks: Option<Arc<crate::tasks::TaskService>>,
+    /// `execution.idempotency_key`s (`idempotency.rs`).
+    pub(crate) keys: Arc<crate::idempotency::Keys>,
 }
 
 impl ServerState {
@@ -61,7 +65,7 @@ impl ServerState {
         audit: Option<AuditLog>,
         services: Services,
     ) -> ServerState {
-        let Services { transfers, continuations, tasks, events } = services;
+        let Services { transfers, continuations, tasks, events, keys } = services;
         ServerState {
             config,
             workers,
@@ -72,6 +76,7 @@ impl ServerState {
             continuations,
             events,
             tasks,
+            keys,
         }
     }
 

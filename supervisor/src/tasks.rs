@@ -173,6 +173,11 @@ impl TaskService {
         self.raw_call(req).await
     }
 
+    /// An idempotency-key request (`idempotency.rs`), after the restart pass.
+    pub async fn keys(&self, req: TasksRequest) -> Result<TasksReply, TaskError> {
+        self.call(req).await
+    }
+
     async fn raw_call(&self, req: TasksRequest) -> Result<TasksReply, TaskError> {
         // Store calls are never cancelled halfway: a record write finishes.
         let never = CancellationToken::new();

@@ -141,7 +141,7 @@ pub const INVOKE_ACTION: ToolSpec = ToolSpec {
     name: "invoke_action",
     description: "调用一个 OneBot action（可产生副作用）。Stream 下载会写入 MCP 主机受控目录并只返回文件元数据；upload_file_stream 可用 execution.input_file 自动分块上传。仅在写模式可用。",
     modes: Modes::WRITE,
-    input_schema: exec_input,
+    input_schema: invoke_input,
     result_schema: invoke_result_schema,
     hints: Hints { read_only: false, destructive: true, open_world: true },
     handler: Handler::Invoke,
@@ -171,7 +171,7 @@ pub const INVOKE_ACTION_WITH_INPUT: ToolSpec = ToolSpec {
     name: "invoke_action_with_input",
     description: "同 invoke_action（仅在写模式可用）；若 params 缺少该 action 必需的字段，先通过输入表单（客户端需支持 form elicitation）向用户询问，已提供的字段不会被回答改写。参数齐全时直接执行。Like invoke_action, but first asks the user for missing required params.",
     modes: Modes::WRITE,
-    input_schema: exec_input,
+    input_schema: invoke_input,
     result_schema: invoke_result_schema,
     hints: Hints { read_only: false, destructive: true, open_world: true },
     handler: Handler::InvokeWithInput,
@@ -367,6 +367,25 @@ fn exec_input() -> Value {
         "required": ["action"],
         "additionalProperties": false
     })
+}
+
+/// The input of `invoke_action` and `invoke_action_with_input`:
+/// [`exec_input`] and `execution.idempotency_key` (`idempotency.rs`).
+fn invoke_input() -> Value {
+    let mut schema = exec_input();
+    if let Some(props) = schema.pointer_mut("/properties/execution/properties").and_then(Value::as_object_mut) {
+        props.insert(
+            "idempotency_key".into(),
+            json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": crate::idempotency::MAX_KEY_LEN,
+                "pattern": "^[ -~]+$",
+                "description": "幂等键（1–128 个可打印 ASCII 字符）：24 小时内以同一键、同一 action 与 params 再次调用时，返回首次调用记录的结果（diagnostics.replayed: true），不再联系 SnowLuma；同一键配不同参数是错误。结果未知（unknown）后用同一键重试是安全的。An idempotency key: a retry with the same key, action and params within 24 h returns the first call's recorded outcome without executing again."
+            }),
+        );
+    }
+    schema
 }
 
 fn id_filter(what: &str) -> Value {

@@ -2475,3 +2475,140 @@ fn lease_held(dir: &Path) -> bool {
         .lines()
         .any(|l| l.contains("FLOCK") && l.split_whitespace().any(|f| f.ends_with(&suffix)))
 }
+
+// ---------------------------------------------------------------------------
+// Idempotent writes and the confirmation of actions over serve-http.
+
+/// A legacy session: a keyed `invoke_action` of a listed action asks on the
+/// call's own stream; the accepted call runs once, its retry with the same
+/// key replays without asking, nothing else reaches the fake.
+#[test]
+fn a_legacy_confirmation_and_a_keyed_replay_over_http() {
+    let dir = temp_dir("confirm-legacy");
+    let fake = Fake::start(Some("t0k"));
+    let url = fake.fake.url();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_TOKEN", "t0k"),
+        ("SNOWLUMA_MCP_CONFIRM_ACTIONS", "destructive"),
+    ];
+    let s = Server::start(&dir, &env, &[]);
+    let sid = s.initialize_with(ALICE, json!({"elicitation": {"form": {}}}));
+    let args = json!({"action": "set_group_kick", "params": {"group_id": 20001, "user_id": 30001},
+        "execution": {"idempotency_key": "kick-http-1"}});
+    let call = json!({"jsonrpc": "2.0", "id": "call-1", "method": "tools/call", "params": {
+        "name": "invoke_action", "arguments": args}});
+    let final_msg = s.rt.block_on(async {
+        let mut resp = s
+            .client
+            .post(s.url())
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("mcp-session-id", &sid)
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("accept", "application/json, text/event-stream")
+            .body(serde_json::to_vec(&call).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.headers().get("content-type").unwrap(), "text/event-stream");
+        let mut buf = String::new();
+        let mut asked = 0;
+        loop {
+            let chunk = resp.chunk().await.unwrap().expect("the stream ends after the response");
+            buf.push_str(std::str::from_utf8(&chunk).unwrap());
+            while let Some(end) = buf.find("\n\n") {
+                let event: String = buf.drain(..end + 2).collect();
+                let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
+                let msg: Value = serde_json::from_str(data).unwrap();
+                if msg["method"] == "elicitation/create" {
+                    asked += 1;
+                    assert!(msg["params"]["message"].as_str().unwrap().contains("set_group_kick"), "{msg}");
+                    let answer = json!({"jsonrpc": "2.0", "id": msg["id"], "result": {
+                        "action": "accept", "content": {"confirm": true}}});
+                    let r = s
+                        .client
+                        .post(s.url())
+                        .header("authorization", format!("Bearer {ALICE}"))
+                        .header("mcp-session-id", &sid)
+                        .header("mcp-protocol-version", "2025-11-25")
+                        .body(serde_json::to_vec(&answer).unwrap())
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status().as_u16(), 202);
+                } else if msg.get("result").is_some() || msg.get("error").is_some() {
+                    assert_eq!(asked, 1, "asked once, before the response");
+                    return msg;
+                }
+            }
+        }
+    });
+    assert!(!is_error(&final_msg["result"]), "{final_msg}");
+    let again = s.call(ALICE, &sid, 2, "invoke_action", args.clone());
+    let r = &again.last()["result"];
+    assert_eq!(structured(r)["diagnostics"]["replayed"], true, "{again:?}");
+    assert_eq!(structured(r)["result"], structured(&final_msg["result"])["result"]);
+    let kicks = fake.fake.requests().iter().filter(|q| q.action.as_deref() == Some("set_group_kick")).count();
+    assert_eq!(kicks, 1, "executed once");
+}
+
+/// Modern requests: the confirmation is an `input_required` round (its
+/// state valid on another connection, useless to another token), and keyed
+/// retries of one token's requests replay from its tree.
+#[test]
+fn a_modern_confirmation_and_keyed_replays_over_http() {
+    let dir = temp_dir("confirm-modern");
+    let fake = Fake::start(Some("t0k"));
+    let url = fake.fake.url();
+    let env = [("SNOWLUMA_MCP_TOKEN", "t0k"), ("SNOWLUMA_MCP_CONFIRM_ACTIONS", "set_group_kick")];
+    let s = Server::start(&dir, &env, &["--mode", "write", "--endpoint", url.as_str()]);
+    let caps = json!({"elicitation": {"form": {}}});
+    let kick = json!({"action": "set_group_kick", "params": {"group_id": 20001, "user_id": 30001}});
+    let params = |args: &Value, extra: Value| {
+        let mut p = json!({"name": "invoke_action", "arguments": args, "_meta": modern_meta_with(caps.clone())});
+        if let Value::Object(m) = extra {
+            for (k, v) in m {
+                p[k] = v;
+            }
+        }
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": p})
+    };
+    let h = [("mcp-protocol-version", MODERN), ("mcp-method", "tools/call"), ("mcp-name", "invoke_action")];
+    let first = s.post(Some(ALICE), None, &h, &params(&kick, json!({})));
+    let r = &first.last()["result"];
+    assert_eq!(r["resultType"], "input_required", "{first:?}");
+    assert!(r["inputRequests"]["confirm"].is_object(), "{first:?}");
+    let state = r["requestState"].as_str().unwrap().to_owned();
+    let retry = params(
+        &kick,
+        json!({"requestState": state, "inputResponses": {"confirm": {"action": "accept", "content": {"confirm": true}}}}),
+    );
+    let stolen = s.post(Some(BOB), None, &h, &retry);
+    assert!(stolen.last().get("error").is_some() || is_error(&stolen.last()["result"]), "{stolen:?}");
+    assert!(fake.fake.requests().is_empty(), "nothing executed for bob");
+    let other = s.client_for_another_connection();
+    let done: Value = s.rt.block_on(async {
+        let mut req =
+            other.post(s.url()).header("authorization", format!("Bearer {ALICE}")).header("accept", "application/json");
+        for (k, v) in h {
+            req = req.header(k, v);
+        }
+        let text = req.body(serde_json::to_vec(&retry).unwrap()).send().await.unwrap().text().await.unwrap();
+        serde_json::from_str(&text).unwrap()
+    });
+    assert!(!is_error(&done["result"]), "{done}");
+    assert_eq!(fake.fake.requests().len(), 1);
+    // Keyed sends: the first runs, its retries replay.
+    let send = json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "hi"},
+        "execution": {"idempotency_key": "http-send-1"}});
+    let mut results = Vec::new();
+    for _ in 0..3 {
+        let r = s.post(Some(ALICE), None, &h, &params(&send, json!({})));
+        results.push(r.last()["result"].clone());
+    }
+    assert!(structured(&results[0])["diagnostics"].get("replayed").is_none(), "{results:?}");
+    assert!(results[1..].iter().all(|r| structured(r)["diagnostics"]["replayed"] == true), "{results:?}");
+    let sends = fake.fake.requests().iter().filter(|q| q.action.as_deref() == Some("send_group_msg")).count();
+    assert_eq!(sends, 1);
+}

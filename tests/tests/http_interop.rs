@@ -104,6 +104,8 @@ struct ServerEnv {
     endpoint: Option<String>,
     stream_dir: Option<PathBuf>,
     events_url: Option<String>,
+    /// SNOWLUMA_MCP_CONFIRM_ACTIONS.
+    confirm_actions: Option<&'static str>,
     /// Serve https with a fresh self-signed certificate for 127.0.0.1
     /// (`--tls-cert`, `--tls-key`); the clients trust it as their CA.
     tls: bool,
@@ -238,6 +240,9 @@ fn serve_http_command(env: &ServerEnv, token_file: &Path, listen: &str) -> Comma
     if let Some(d) = &env.stream_dir {
         cmd.env("SNOWLUMA_MCP_STREAM_DIR", d);
     }
+    if let Some(a) = env.confirm_actions {
+        cmd.env("SNOWLUMA_MCP_CONFIRM_ACTIONS", a);
+    }
     if let Some(u) = &env.events_url {
         cmd.env("SNOWLUMA_MCP_EVENTS_URL", u);
     }
@@ -350,6 +355,8 @@ struct Run<'a> {
     endpoint: Option<&'a str>,
     stream_dir: Option<&'a Path>,
     events: Option<(String, i64)>,
+    /// INTEROP_CONFIRM_ACTIONS (the server got SNOWLUMA_MCP_CONFIRM_ACTIONS).
+    confirm: Option<&'a str>,
 }
 
 /// Run one client over HTTP against `server`; panics with its transcript
@@ -377,6 +384,9 @@ fn run_client(client: Client, server: &HttpServer, run: &Run<'_>) -> String {
     }
     if let Some((url, self_id)) = &run.events {
         cmd.env("INTEROP_EVENTS_URL", url).env("INTEROP_SELF_ID", self_id.to_string());
+    }
+    if let Some(a) = run.confirm {
+        cmd.env("INTEROP_CONFIRM_ACTIONS", a);
     }
     let out =
         cmd.bounded_output().unwrap_or_else(|e| panic!("{client:?}: cannot start the client ({e}); {SETUP_HINT}"));
@@ -417,7 +427,7 @@ fn completes_input(client: Client) -> bool {
 
 fn docs(client: Client) {
     let server = HttpServer::start(&format!("{client:?}-docs"), ServerEnv { mode: "docs", ..ServerEnv::default() });
-    run_client(client, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
+    run_client(client, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None, confirm: None });
 }
 
 fn read(client: Client) {
@@ -433,7 +443,13 @@ fn read(client: Client) {
     let out = run_client(
         client,
         &server,
-        &Run { mode: "read", endpoint: Some(&endpoint), stream_dir: None, events: Some((ev.url(), ev.self_id())) },
+        &Run {
+            mode: "read",
+            endpoint: Some(&endpoint),
+            stream_dir: None,
+            events: Some((ev.url(), ev.self_id())),
+            confirm: None,
+        },
     );
     let n = sessions(&out);
     let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
@@ -452,12 +468,15 @@ fn write(client: Client) {
     let fake = Fake::start(None);
     fake.fake.interop_preset();
     let stream_dir = private_dir(&format!("{client:?}-stream"));
+    // The clients that answer forms also confirm a keyed set_group_kick.
+    let confirm = completes_input(client).then_some("set_group_kick");
     let server = HttpServer::start(
         &format!("{client:?}-write"),
         ServerEnv {
             mode: "write",
             endpoint: Some(fake.fake.url()),
             stream_dir: Some(stream_dir.clone()),
+            confirm_actions: confirm,
             ..ServerEnv::default()
         },
     );
@@ -465,11 +484,13 @@ fn write(client: Client) {
     let out = run_client(
         client,
         &server,
-        &Run { mode: "write", endpoint: Some(&endpoint), stream_dir: Some(&stream_dir), events: None },
+        &Run { mode: "write", endpoint: Some(&endpoint), stream_dir: Some(&stream_dir), events: None, confirm },
     );
     let n = sessions(&out);
     let completed = if completes_input(client) { n } else { 0 };
     assert_interop_write_run(&fake, &format!("{client:?}"), n, completed, &stream_dir);
+    let kicks = fake.fake.requests().into_iter().filter(|r| r.action.as_deref() == Some("set_group_kick")).count();
+    assert_eq!(kicks, completed, "{client:?}: each confirmed, keyed kick went out exactly once per session");
     // Over HTTP the server's log is the harness's (over stdio the Python
     // client checks this line itself).
     server.wait_stderr("failure=\"cancelled\"", &format!("{client:?}: the server logs the cancelled query_action"));
@@ -526,7 +547,7 @@ fn inspector_cli_http_read() {
     run_client(
         Client::Inspector,
         &server,
-        &Run { mode: "read", endpoint: Some(&endpoint), stream_dir: None, events: None },
+        &Run { mode: "read", endpoint: Some(&endpoint), stream_dir: None, events: None, confirm: None },
     );
     let actions: Vec<String> = fake.fake.requests().into_iter().filter_map(|r| r.action).collect();
     assert_eq!(actions, Vec::<String>::new(), "Inspector: nothing reached SnowLuma");
@@ -550,7 +571,11 @@ fn python_sdk_http_write() {
 #[test]
 fn python_sdk_http_docs_over_a_unix_socket() {
     let server = HttpServer::start_unix("unix-docs", ServerEnv { mode: "docs", ..ServerEnv::default() });
-    run_client(Client::Python, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
+    run_client(
+        Client::Python,
+        &server,
+        &Run { mode: "docs", endpoint: None, stream_dir: None, events: None, confirm: None },
+    );
 }
 
 /// TLS (`--tls-cert`, `--tls-key`): the three SDK clients and the
@@ -561,7 +586,11 @@ fn python_sdk_http_docs_over_a_unix_socket() {
 fn sdk_clients_and_conformance_over_tls() {
     let server = HttpServer::start("tls", ServerEnv { mode: "docs", tls: true, ..ServerEnv::default() });
     for client in [Client::TsV1, Client::TsV2, Client::Python, Client::Inspector] {
-        run_client(client, &server, &Run { mode: "docs", endpoint: None, stream_dir: None, events: None });
+        run_client(
+            client,
+            &server,
+            &Run { mode: "docs", endpoint: None, stream_dir: None, events: None, confirm: None },
+        );
     }
     let out = Command::new(interop_dir().join("conformance.sh"))
         .arg(server.url())

@@ -110,7 +110,20 @@ fn run_with(
     stream_dir: Option<&Path>,
     events: Option<&EventsEnv>,
 ) -> String {
+    run_env(client, mode, endpoint, stream_dir, events, &[])
+}
+
+/// [`run_with`] with more variables for the client (`INTEROP_*`).
+fn run_env(
+    client: Client,
+    mode: &str,
+    endpoint: Option<&str>,
+    stream_dir: Option<&Path>,
+    events: Option<&EventsEnv>,
+    extra: &[(&str, &str)],
+) -> String {
     let mut cmd = command(client);
+    cmd.envs(extra.iter().copied());
     cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .env("SNOWLUMA_MCP_BIN", bin_path())
         .env("INTEROP_MODE", mode)
@@ -220,10 +233,16 @@ fn write(client: Client) {
     let dir = std::env::temp_dir().join(format!("snowluma-interop-{client:?}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let out = run(client, "write", Some(&fake.fake.url()), Some(&dir));
+    // The clients that answer forms also confirm set_group_kick
+    // (SNOWLUMA_MCP_CONFIRM_ACTIONS) and retry it with its idempotency key.
+    let confirm: &[(&str, &str)] =
+        if completes_input(client) { &[("INTEROP_CONFIRM_ACTIONS", "set_group_kick")] } else { &[] };
+    let out = run_env(client, "write", Some(&fake.fake.url()), Some(&dir), None, confirm);
     let n = sessions(&out);
     let completed = if completes_input(client) { n } else { 0 };
     assert_interop_write_run(&fake, &format!("{client:?}"), n, completed, &dir);
+    let kicks = fake.fake.requests().into_iter().filter(|r| r.action.as_deref() == Some("set_group_kick")).count();
+    assert_eq!(kicks, completed, "{client:?}: each confirmed, keyed kick went out exactly once per session");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

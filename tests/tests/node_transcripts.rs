@@ -337,7 +337,8 @@ impl Run {
     }
 
     /// Node's tools, each with its description, annotations and input
-    /// properties; our added tools and properties are additions.
+    /// properties; our added tools and properties are additions (also
+    /// within a property: `execution.idempotency_key`).
     fn tools_list(&mut self, l: &Line, want: &Value, got: &Value) {
         let ours: BTreeMap<&str, &Value> =
             got["tools"].as_array().unwrap().iter().map(|t| (t["name"].as_str().unwrap(), t)).collect();
@@ -364,7 +365,7 @@ impl Run {
                 }
             }
             for (p, s) in ws["properties"].as_object().unwrap() {
-                if os["properties"].get(p) != Some(s) {
+                if !os["properties"].get(p).is_some_and(|o| extends(s, o)) {
                     self.failures.push(mismatch(
                         l,
                         &format!("{name}.inputSchema.properties.{p}"),
@@ -562,4 +563,19 @@ fn every_documented_difference_names_a_line() {
             "no transcript line for the difference {why:?}"
         );
     }
+}
+
+/// Whether our schema `ours` is Node's `node` with properties added: every
+/// member equal, except `properties`, whose Node members must be extended
+/// alike and which may have more.
+fn extends(node: &Value, ours: &Value) -> bool {
+    let (Some(n), Some(o)) = (node.as_object(), ours.as_object()) else { return node == ours };
+    o.keys().all(|k| n.contains_key(k))
+        && n.iter().all(|(k, v)| match (k.as_str(), o.get(k)) {
+            ("properties", Some(op)) => v
+                .as_object()
+                .is_some_and(|np| np.iter().all(|(name, schema)| op.get(name).is_some_and(|os| extends(schema, os)))),
+            (_, Some(ov)) => v == ov,
+            (_, None) => false,
+        })
 }

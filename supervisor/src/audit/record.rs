@@ -132,6 +132,21 @@ pub enum ActionRecord {
         action: ActionRef,
         reason: &'static str,
     },
+    /// The human's answer to a confirmation (`SNOWLUMA_MCP_CONFIRM_ACTIONS`),
+    /// written before the intent record (same `op_id`) when accepted.
+    Confirmation {
+        #[serde(flatten)]
+        action: ActionRef,
+        /// `accepted`, `declined`, `cancelled` or `timed_out`.
+        decision: &'static str,
+    },
+    /// The recorded outcome of an earlier call with the same idempotency
+    /// key, answered again; nothing was sent.
+    Replayed {
+        #[serde(flatten)]
+        action: ActionRef,
+        outcome: &'static str,
+    },
     /// Written (and fsynced) before the request leaves; params only as a digest.
     Intent {
         #[serde(flatten)]

@@ -61,8 +61,34 @@ export function inputCompletionHandler(seen) {
         const params = request.params ?? {};
         seen.push(params);
         if ((params.mode ?? 'form') !== 'form') return { action: 'decline' };
+        // A confirmation (SNOWLUMA_MCP_CONFIRM_ACTIONS): one boolean field `confirm`.
+        if (params.requestedSchema?.properties?.confirm?.type === 'boolean') {
+            return { action: 'accept', content: { confirm: true } };
+        }
         return { action: 'accept', content: { params_json: JSON.stringify(INPUT_ANSWER) } };
     };
+}
+
+/** The confirmed call (write mode with INTEROP_CONFIRM_ACTIONS=set_group_kick), keyed. */
+export const CONFIRM_CALL = {
+    action: 'set_group_kick',
+    params: { group_id: 20001, user_id: 30001 },
+    execution: { idempotency_key: 'interop-kick-1' },
+};
+
+/** Problems with the form of a confirmation (empty when it is as specified). */
+export function confirmFormProblems(params) {
+    const problems = [];
+    const message = typeof params?.message === 'string' ? params.message : '';
+    if (!message.includes('set_group_kick')) problems.push(`the message does not name set_group_kick: ${JSON.stringify(message)}`);
+    if (!message.includes('{"group_id":20001,"user_id":30001}')) problems.push(`the message does not show the exact params: ${JSON.stringify(message)}`);
+    if (!message.includes('SNOWLUMA_MCP_CONFIRM_ACTIONS')) problems.push('the message does not name SNOWLUMA_MCP_CONFIRM_ACTIONS');
+    const schema = params?.requestedSchema ?? {};
+    const props = Object.keys(schema.properties ?? {});
+    if (schema.type !== 'object' || props.length !== 1 || schema.properties.confirm?.type !== 'boolean') {
+        problems.push(`requestedSchema is not one boolean field confirm: ${JSON.stringify(schema)}`);
+    }
+    return problems;
 }
 
 /** Problems with the form of an input-completion elicitation (empty when it is as specified). */
@@ -117,10 +143,12 @@ export function readConfig({ http = false } = {}) {
     // Live event resources (optional): the fake's event WebSocket and the
     // account its events carry (the fake's get_login_info user_id).
     const eventsUrl = process.env.INTEROP_EVENTS_URL || undefined;
+    // Actions the server confirms first (SNOWLUMA_MCP_CONFIRM_ACTIONS), write mode.
+    const confirmActions = process.env.INTEROP_CONFIRM_ACTIONS || undefined;
     const selfId = eventsUrl ? Number(process.env.INTEROP_SELF_ID) : undefined;
     if (eventsUrl && mode === 'docs') throw new Error('INTEROP_EVENTS_URL needs read or write mode');
     if (eventsUrl && !Number.isSafeInteger(selfId)) throw new Error(`INTEROP_SELF_ID must be an integer, got ${process.env.INTEROP_SELF_ID}`);
-    return { bin, mode, endpoint, streamDir, eventsUrl, selfId, http };
+    return { bin, mode, endpoint, streamDir, eventsUrl, selfId, http, confirmActions };
 }
 
 /**
@@ -134,6 +162,7 @@ export function serverEnv(cfg) {
     if (cfg.mode !== 'docs') env.SNOWLUMA_MCP_ENDPOINT = cfg.endpoint;
     if (cfg.mode === 'write') env.SNOWLUMA_MCP_STREAM_DIR = cfg.streamDir;
     if (cfg.eventsUrl) env.SNOWLUMA_MCP_EVENTS_URL = cfg.eventsUrl;
+    if (cfg.confirmActions) env.SNOWLUMA_MCP_CONFIRM_ACTIONS = cfg.confirmActions;
     return env;
 }
 
@@ -502,6 +531,29 @@ export async function runScenario(checks, cfg, client, { expectProtocol, inputCo
                     expect(sc.result?.retcode === 100,
                         `result is ${JSON.stringify(sc.result)?.slice(0, 200)}, expected the fake's envelope (retcode 100)`);
                     return `asked once (${JSON.stringify(seen[0].message)}), executed: outcome ${sc.diagnostics.outcome}, retcode ${sc.result.retcode}`;
+                });
+        }
+        if (inputCompletion && cfg.confirmActions) {
+            const mark = client.elicitations().length;
+            let first;
+            await call('tools/call invoke_action set_group_kick is confirmed through elicitation, then runs once',
+                'invoke_action', CONFIRM_CALL, (res, sc) => {
+                    const seen = client.elicitations().slice(mark);
+                    expect(seen.length === 1, `the elicitation handler ran ${seen.length} times, expected once`);
+                    const problems = confirmFormProblems(seen[0]);
+                    expect(problems.length === 0, problems.join('; '));
+                    expect(res.isError !== true, `isError is true: ${JSON.stringify(sc.diagnostics)}`);
+                    expect(sc.diagnostics.replayed !== true, 'the first call is not a replay');
+                    first = sc.result;
+                    return `confirmed, outcome ${sc.diagnostics.outcome}`;
+                });
+            await call('tools/call invoke_action set_group_kick again with the same idempotency_key replays without asking',
+                'invoke_action', CONFIRM_CALL, (res, sc) => {
+                    const seen = client.elicitations().slice(mark);
+                    expect(seen.length === 1, `asked again (${seen.length} elicitations)`);
+                    expect(sc.diagnostics.replayed === true, `diagnostics.replayed is ${JSON.stringify(sc.diagnostics.replayed)}`);
+                    expect(JSON.stringify(sc.result) === JSON.stringify(first), 'not the recorded result');
+                    return 'replayed';
                 });
         }
 

@@ -14,6 +14,9 @@ Environment (set by tests/tests/interop.rs):
     INTEROP_EVENTS_URL  optional (read/write): the fake's event WebSocket,
                         passed to the server as SNOWLUMA_MCP_EVENTS_URL
     INTEROP_SELF_ID     the account its events carry (with INTEROP_EVENTS_URL)
+    INTEROP_CONFIRM_ACTIONS  optional (write): passed as SNOWLUMA_MCP_CONFIRM_ACTIONS; with
+                        set_group_kick the sessions also confirm a keyed kick through the
+                        elicitation callback and replay it (c_confirm)
 
 Live event resources (with INTEROP_EVENTS_URL; the fake injects a group
 message every 200 ms once connected): the legacy session calls
@@ -97,6 +100,12 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import ElicitRequestFormParams, ElicitRequestParams, ElicitResult, ResourceUpdatedNotification
 
 SERVER_NAME = "snowluma-mcp"
+# The confirmed call (write mode with INTEROP_CONFIRM_ACTIONS=set_group_kick), keyed.
+CONFIRM_CALL = {
+    "action": "set_group_kick",
+    "params": {"group_id": 20001, "user_id": 30001},
+    "execution": {"idempotency_key": "interop-kick-1"},
+}
 DOC_TOOLS = {"list_actions", "get_action", "search_actions", "list_categories", "get_runtime_info", "preview_message"}
 CATALOG_URI = "snowluma://onebot/actions"
 ACTION_TEMPLATE = "snowluma://onebot/actions/{name}"
@@ -444,6 +453,10 @@ class Run:
         self.elicitations.append(params)
         if not isinstance(params, ElicitRequestFormParams):
             return ElicitResult(action="decline")
+        # A confirmation (SNOWLUMA_MCP_CONFIRM_ACTIONS): one boolean field `confirm`.
+        props = (params.requested_schema or {}).get("properties") or {}
+        if (props.get("confirm") or {}).get("type") == "boolean":
+            return ElicitResult(action="accept", content={"confirm": True})
         return ElicitResult(action="accept", content={"params_json": json.dumps(INPUT_ANSWER)})
 
     def name(self, check: str) -> str:
@@ -683,6 +696,27 @@ class Run:
         expect(isinstance(r, dict) and r.get("retcode") == BUSINESS_FAILURE_RETCODE, f"result {short(r)}")
         how = "elicitation/create request" if self.era == "legacy" else "input_required round"
         return f"asked once ({how}: {form.message!r}), executed: outcome {sc['diagnostics'].get('outcome')}, retcode {r.get('retcode')}"
+
+    async def c_confirm(self) -> str:
+        """invoke_action set_group_kick (listed in SNOWLUMA_MCP_CONFIRM_ACTIONS): asked once, run once;
+        the same call with its idempotency key again replays without asking."""
+        mark = len(self.elicitations)
+        result, sc = await self.call("invoke_action", CONFIRM_CALL)
+        asked = self.elicitations[mark:]
+        expect(len(asked) == 1, f"the elicitation callback ran {len(asked)} times, expected once")
+        form = asked[0]
+        expect(isinstance(form, ElicitRequestFormParams), f"not a form elicitation: {short(form.model_dump())}")
+        for needle in ("set_group_kick", '{"group_id":20001,"user_id":30001}', "SNOWLUMA_MCP_CONFIRM_ACTIONS"):
+            expect(needle in form.message, f"the message lacks {needle!r}: {form.message!r}")
+        props = (form.requested_schema or {}).get("properties") or {}
+        expect(list(props) == ["confirm"] and props["confirm"].get("type") == "boolean", f"schema {short(form.requested_schema)}")
+        expect(result.is_error is False, f"isError {result.is_error}: {short(sc)}")
+        expect(sc["diagnostics"].get("replayed") is None, f"the first call is a replay: {short(sc)}")
+        again, sc2 = await self.call("invoke_action", CONFIRM_CALL)
+        expect(len(self.elicitations) == mark + 1, "asked again for the replay")
+        expect(sc2["diagnostics"].get("replayed") is True, f"not replayed: {short(sc2)}")
+        expect(sc2["result"] == sc["result"], "the replay is not the recorded result")
+        return f"confirmed once, outcome {sc['diagnostics'].get('outcome')}; the keyed retry replayed without asking"
 
     async def c_download(self) -> str:
         progress: list[tuple[float, float | None, str | None]] = []
@@ -1057,6 +1091,8 @@ class Run:
             if self.mode == "write":
                 await self.check("invoke_action send_group_msg -> business failure", self.c_invoke_business_failure)
                 await self.check("invoke_action_with_input send_group_msg {group_id} -> elicitation", self.c_invoke_with_input)
+                if self.env.get("SNOWLUMA_MCP_CONFIRM_ACTIONS"):
+                    await self.check("invoke_action set_group_kick -> confirmation, keyed replay", self.c_confirm)
                 await self.check("invoke_action download_file_stream", self.c_download)
                 await self.check("cancel query_action get_group_list", self.c_cancel)
                 await self.check("list_categories after cancel", self.c_after_cancel)
@@ -1136,6 +1172,9 @@ def build_env(mode: str, http: bool = False) -> tuple[dict[str, str], str | None
         if not stream_dir or not os.path.isdir(stream_dir):
             raise CheckFailed(f"INTEROP_STREAM_DIR is not an existing directory: {stream_dir!r}")
         env["SNOWLUMA_MCP_STREAM_DIR"] = stream_dir
+        confirm = os.environ.get("INTEROP_CONFIRM_ACTIONS")
+        if confirm:
+            env["SNOWLUMA_MCP_CONFIRM_ACTIONS"] = confirm
     return env, stream_dir
 
 

@@ -20,6 +20,7 @@
 //! fails every unfinished record, since only a runtime that has gone can
 //! have left one.
 
+pub mod keys;
 pub mod store;
 
 use std::os::fd::OwnedFd;
@@ -141,6 +142,19 @@ impl TasksWorker {
                     .map(|v| TasksReply::Record(JsonText::from_value(&v)))
                     .map_err(|e| StoreError::Corrupt { what: "a task record", reason: e.to_string() })
             }),
+            TasksRequest::KeyGet { key_id, now_ms } => store.key_get(&key_id, owner, now_ms).and_then(key_reply),
+            TasksRequest::KeyBegin { record, now_ms } => {
+                parse_key(&record).and_then(|r| match store.key_begin(&r, owner, now_ms)? {
+                    None => Ok(TasksReply::Written),
+                    Some(live) => key_reply(live),
+                })
+            }
+            TasksRequest::KeyFinish { record } => {
+                parse_key(&record).and_then(|r| store.key_finish(&r, owner)).map(|()| TasksReply::Written)
+            }
+            TasksRequest::KeySweep { now_ms } => {
+                store.key_sweep(now_ms).map(|removed| TasksReply::Swept { removed: removed as u64 })
+            }
             TasksRequest::List { cursor, limit } => {
                 store.list(cursor.as_deref(), limit.clamp(1, 100) as usize, owner).and_then(|page| {
                     serde_json::to_value(&page.tasks)
@@ -155,6 +169,18 @@ impl TasksWorker {
             Err(e) => Self::refused(&e),
         }
     }
+}
+
+/// A key record sent by the supervisor, parsed.
+fn parse_key(text: &JsonText) -> Result<snowluma_proto::keys::KeyRecord, StoreError> {
+    serde_json::from_str(&text.0)
+        .map_err(|e| StoreError::Corrupt { what: "the key record to write", reason: e.to_string() })
+}
+
+fn key_reply(r: snowluma_proto::keys::KeyRecord) -> Result<TasksReply, StoreError> {
+    serde_json::to_value(&r)
+        .map(|v| TasksReply::Record(JsonText::from_value(&v)))
+        .map_err(|e| StoreError::Corrupt { what: "an idempotency key record", reason: e.to_string() })
 }
 
 impl RoleHandler for TasksWorker {

@@ -65,7 +65,7 @@ fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
     move |source| StoreError::Io { op, source }
 }
 
-fn nix_io(op: &'static str) -> impl FnOnce(nix::Error) -> StoreError {
+pub(super) fn nix_io(op: &'static str) -> impl FnOnce(nix::Error) -> StoreError {
     move |e| StoreError::Io { op, source: std::io::Error::from(e) }
 }
 
@@ -92,7 +92,7 @@ pub struct Page {
 
 /// An open task directory, holding its lease.
 pub struct TaskStore {
-    dir: OwnedFd,
+    pub(super) dir: OwnedFd,
     _lease: File,
 }
 
@@ -203,7 +203,8 @@ impl TaskStore {
             Err(StoreError::NotFound) => {
                 // A directory without a scope must hold no records: records
                 // without a scope cannot be proven to be this configuration's.
-                if !self.record_ids()?.is_empty() {
+                let (tasks, keys) = self.scan()?;
+                if !tasks.is_empty() || !keys.is_empty() {
                     return Err(StoreError::Corrupt {
                         what: "the scope record",
                         reason: "missing beside task records".into(),
@@ -244,6 +245,12 @@ impl TaskStore {
     /// record, the lease, the scope nor a leftover temporary file is
     /// corruption.
     pub fn record_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.scan().map(|(tasks, _)| tasks)
+    }
+
+    /// The ids of every task record and every idempotency key record
+    /// (`key-<id>.json`, see `keys.rs`), each sorted.
+    pub(super) fn scan(&self) -> Result<(Vec<String>, Vec<String>), StoreError> {
         let dir = nix::dir::Dir::openat(
             self.dir.as_fd(),
             ".",
@@ -252,6 +259,7 @@ impl TaskStore {
         )
         .map_err(nix_io("list directory"))?;
         let mut ids = Vec::new();
+        let mut keys = Vec::new();
         for entry in dir {
             let entry = entry.map_err(nix_io("list directory"))?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -260,6 +268,8 @@ impl TaskStore {
             }
             if let Some(id) = name.strip_suffix(".json").filter(|id| is_task_id(id)) {
                 ids.push(id.to_owned());
+            } else if let Some(id) = super::keys::key_id_of(&name) {
+                keys.push(id.to_owned());
             } else if name.starts_with('.') && name.ends_with(".tmp") {
                 // A write interrupted before its rename: never a record.
                 continue;
@@ -268,13 +278,14 @@ impl TaskStore {
             }
         }
         ids.sort();
-        Ok(ids)
+        keys.sort();
+        Ok((ids, keys))
     }
 
     /// Read a record: only a regular file (checked by name first, so that
     /// no FIFO, device or socket is even opened, then again on the opened
     /// descriptor, which is what is read). Anything else is corruption.
-    fn read_file(&self, name: &str, what: &'static str) -> Result<Vec<u8>, StoreError> {
+    pub(super) fn read_file(&self, name: &str, what: &'static str) -> Result<Vec<u8>, StoreError> {
         match nix::sys::stat::fstatat(self.dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG => {}
             Ok(st) => return Err(wrong_type(what, st.st_mode)),
@@ -327,7 +338,7 @@ impl TaskStore {
         self.write_atomic(&record_name(&record.task_id), &bytes, create)
     }
 
-    fn write_atomic(&self, name: &str, bytes: &[u8], create: bool) -> Result<(), StoreError> {
+    pub(super) fn write_atomic(&self, name: &str, bytes: &[u8], create: bool) -> Result<(), StoreError> {
         let tmp = format!(".{name}.{}.tmp", hex(&random_bytes::<8>()));
         let mut file = openat(self.dir.as_fd(), &tmp, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL, 0o600)
             .map_err(nix_io("create temporary record"))?;
