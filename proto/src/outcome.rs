@@ -45,6 +45,12 @@ pub enum FailureKind {
     WorkerUnavailable,
     AuditFailed,
     Execution,
+    /// A target outside the operator's scope (`SNOWLUMA_MCP_ALLOW_GROUPS` /
+    /// `ALLOW_USERS`): nothing was sent.
+    OutOfScope,
+    /// Over the operator's send pacing: refused at once, never queued
+    /// (`Diagnostics::retry_after_ms` says when a retry may pass).
+    RateLimited,
 }
 
 impl FailureKind {
@@ -65,6 +71,8 @@ impl FailureKind {
             FailureKind::WorkerUnavailable => "worker_unavailable",
             FailureKind::AuditFailed => "audit_failed",
             FailureKind::Execution => "execution",
+            FailureKind::OutOfScope => "out_of_scope",
+            FailureKind::RateLimited => "rate_limited",
         }
     }
 }
@@ -75,23 +83,44 @@ pub struct Diagnostics {
     pub kind: Option<FailureKind>,
     pub message: Option<String>,
     pub next_step: Option<String>,
+    /// For a `rate_limited` refusal: the least time, in milliseconds, after
+    /// which the same call may pass the pacing.
+    /// (`u32`: every pacing limit is below 2^31 ms, and the reply stays small.)
+    pub retry_after_ms: Option<u32>,
 }
 
 impl Diagnostics {
     pub fn success() -> Diagnostics {
-        Diagnostics { outcome: Outcome::Success, kind: None, message: None, next_step: None }
+        Diagnostics { outcome: Outcome::Success, kind: None, message: None, next_step: None, retry_after_ms: None }
     }
 
     pub fn failed(kind: FailureKind, message: impl Into<String>) -> Diagnostics {
-        Diagnostics { outcome: Outcome::Failed, kind: Some(kind), message: Some(message.into()), next_step: None }
+        Diagnostics {
+            outcome: Outcome::Failed,
+            kind: Some(kind),
+            message: Some(message.into()),
+            next_step: None,
+            retry_after_ms: None,
+        }
     }
 
     pub fn unknown(kind: FailureKind, message: impl Into<String>) -> Diagnostics {
-        Diagnostics { outcome: Outcome::Unknown, kind: Some(kind), message: Some(message.into()), next_step: None }
+        Diagnostics {
+            outcome: Outcome::Unknown,
+            kind: Some(kind),
+            message: Some(message.into()),
+            next_step: None,
+            retry_after_ms: None,
+        }
     }
 
     pub fn with_next_step(mut self, step: impl Into<String>) -> Diagnostics {
         self.next_step = Some(step.into());
+        self
+    }
+
+    pub fn with_retry_after_ms(mut self, ms: u32) -> Diagnostics {
+        self.retry_after_ms = Some(ms);
         self
     }
 
@@ -107,10 +136,15 @@ impl Diagnostics {
         if let Some(s) = &self.next_step {
             m.insert("next_step".into(), json!(s));
         }
+        if let Some(ms) = self.retry_after_ms {
+            m.insert("retry_after_ms".into(), json!(ms));
+        }
         Value::Object(m)
     }
 
-    /// The JSON Schema of [`Diagnostics::to_json`], for `outputSchema`s.
+    /// The JSON Schema of [`Diagnostics::to_json`], for `outputSchema`s
+    /// (`retry_after_ms`, present only on `rate_limited` refusals, is left
+    /// undeclared so that tools/list stays as it was; the schema allows it).
     pub fn json_schema() -> Value {
         json!({
             "type": "object",

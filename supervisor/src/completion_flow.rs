@@ -103,6 +103,10 @@ impl ServerState {
                 return Ok(self.ask_modern(spec, action, digest, remaining, answered));
             }
             let admission = admission.answered(&self.gate_context(), completion::merged_args(&args, &answered));
+            let admission = match self.ready(spec, admission, trace).await {
+                Ok(a) => a,
+                Err(refusal) => return Ok(Completion::Done(refusal)),
+            };
             return Ok(Completion::Done(self.run(spec, admission, trace, &ctx.ct, ProgressSink::client(ctx)).await));
         }
         let mut missing = completion::missing(action, &params);
@@ -111,6 +115,10 @@ impl ServerState {
             missing.retain(|m| !crate::transfers::MCP_OWNED_UPLOAD_FIELDS.contains(&m.as_str()));
         }
         if missing.is_empty() {
+            let admission = match self.ready(spec, admission, trace).await {
+                Ok(a) => a,
+                Err(refusal) => return Ok(Completion::Done(refusal)),
+            };
             return Ok(Completion::Done(self.run(spec, admission, trace, &ctx.ct, ProgressSink::client(ctx)).await));
         }
         if is_modern(ctx) {
@@ -208,6 +216,9 @@ impl ServerState {
         }
         self.continuations.release(&slot);
         let admission = admission.answered(&self.gate_context(), completion::merged_args(&args, &answered));
-        self.run(spec, admission, trace, &ctx.ct, ProgressSink::client(ctx)).await
+        match self.ready(spec, admission, trace).await {
+            Ok(admission) => self.run(spec, admission, trace, &ctx.ct, ProgressSink::client(ctx)).await,
+            Err(refusal) => refusal,
+        }
     }
 }

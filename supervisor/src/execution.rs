@@ -79,7 +79,28 @@ impl ServerState {
             catalog: self.catalog,
             policy: &self.policy,
             transfers: self.transfers.as_deref(),
+            scope: &self.scope,
+            pacer: &self.pacer,
         }
+    }
+
+    /// [`gates::Admission::ready`] for a `_with_input` call about to run:
+    /// its refusal (scope, pacing) is audited like the gates'.
+    pub(crate) async fn ready(
+        &self,
+        spec: ToolSpec,
+        admission: Admission,
+        trace: &CallTrace,
+    ) -> Result<Admission, ToolReply> {
+        let refused = match admission.ready(&self.gate_context()) {
+            Ok(admission) => return Ok(admission),
+            Err(refused) => refused,
+        };
+        if let (Some(reason), Some(audited)) = (refused.audit_reason(), &refused.audited) {
+            let (given, action) = &**audited;
+            self.audit_refusal(spec, given, action, trace, reason, "action").await;
+        }
+        Err(refused.reply)
     }
 
     /// [`gates::admit`] for this server; a refusal the audit log records
@@ -168,6 +189,8 @@ impl ServerState {
         if let Some(f) = forwarder {
             finish_progress(f, &mut reply, cancel, tool).await;
         }
+        // Message ids an in-scope send or history read names are in scope.
+        self.scope.learn_from_result(action, &reply);
         if let Some((log, about)) = audit {
             record_result(log, about, &reply, started).await;
         }
@@ -187,7 +210,8 @@ impl ServerState {
         }
     }
 
-    /// A `refused` audit record: a policy refusal (`what`: "action"), or a
+    /// A `refused` audit record: a gate's refusal (policy, scope, pacing;
+    /// `what`: "action"), or a
     /// continuation that executes nothing ("continuation"). `given`: the
     /// action as the caller wrote it.
     pub(crate) async fn audit_refusal(

@@ -54,6 +54,7 @@ pub(crate) fn call_error_reply(e: CallError, write: bool) -> ToolReply {
             kind: Some(FailureKind::Cancelled),
             message: Some(e.to_string()),
             next_step: None,
+            retry_after_ms: None,
         }),
         CallError::WorkerDied(_) if write => {
             ToolReply::error(Diagnostics::unknown(FailureKind::WorkerUnavailable, e.to_string()).with_next_step(

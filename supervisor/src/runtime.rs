@@ -102,6 +102,8 @@ pub async fn runtime_info(
         },
         "audit_log": server.audit_enabled(),
         "policy": server.policy().to_json(),
+        "scope": server.scope.to_json(),
+        "pacing": server.pacer.to_json(),
         "confinement": confinement(),
     });
     if args.check_connection {

@@ -15,7 +15,9 @@ use crate::audit::AuditLog;
 use crate::completion;
 use crate::events::EventHub;
 use crate::execution::ProgressSink;
+use crate::pacing::Pacer;
 use crate::policy::Policy;
+use crate::scope::Scope;
 use crate::tools;
 use crate::trace::CallTrace;
 use crate::transfers::TransferService;
@@ -40,6 +42,8 @@ pub struct Services {
     pub tasks: Option<Arc<crate::tasks::TaskService>>,
     /// Live event resources (with an events URL).
     pub events: Option<Arc<EventHub>>,
+    /// The operator's target scope (shared with the event hub).
+    pub scope: Arc<Scope>,
 }
 
 pub struct ServerState {
@@ -57,6 +61,10 @@ pub struct ServerState {
     pub(crate) events: Option<Arc<EventHub>>,
     /// Persistent background transfers (write mode with a task directory).
     pub(crate) tasks: Option<Arc<crate::tasks::TaskService>>,
+    /// The operator's target scope (`scope.rs`).
+    pub(crate) scope: Arc<Scope>,
+    /// This runtime's send pacing (`pacing.rs`).
+    pub(crate) pacer: Pacer,
 }
 
 impl ServerState {
@@ -67,7 +75,8 @@ impl ServerState {
         audit: Option<AuditLog>,
         services: Services,
     ) -> ServerState {
-        let Services { transfers, continuations, tasks, events } = services;
+        let Services { transfers, continuations, tasks, events, scope } = services;
+        let pacer = Pacer::new(config.pacing);
         ServerState {
             config,
             workers,
@@ -78,6 +87,8 @@ impl ServerState {
             continuations,
             events,
             tasks,
+            scope,
+            pacer,
         }
     }
 

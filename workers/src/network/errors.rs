@@ -132,6 +132,7 @@ pub(crate) fn cancelled(write: bool) -> ToolReply {
             "cancelled".into()
         }),
         next_step: None,
+        retry_after_ms: None,
     };
     ToolReply::error(d)
 }
