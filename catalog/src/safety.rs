@@ -84,7 +84,7 @@ pub const MESSAGE_CURSORS: &[&str] = &["get_group_msg_history", "get_friend_msg_
 /// therefore refuses unless a marked target narrows them to one: the
 /// recent-contact list (it carries each chat's last message), system and
 /// request lists, request handling by opaque flag, marking every chat read,
-/// the friends' qzone feed.
+/// the friends' qzone feed, and raw packets (whose targets cannot be read).
 pub const SPANNING: &[&str] = &[
     "get_recent_contact",
     "get_group_system_msg",
@@ -96,6 +96,8 @@ pub const SPANNING: &[&str] = &[
     "set_group_add_request",
     "_mark_all_as_read",
     "get_qzone_feeds",
+    // Raw protocol packets (default-deny): their targets cannot be read.
+    "send_packet",
 ];
 
 /// Whether the action sends or broadcasts ([`SENDS`]).

@@ -57,7 +57,7 @@ pub enum OutOfScope {
     Message(i64),
     #[error("{0} 的值无法读作一个号码，无法确认其目标在范围内")]
     Unreadable(String),
-    #[error("{0} 的结果或作用跨越所有会话，设置目标范围时不可用")]
+    #[error("{0} 的结果或作用跨越多个会话（或其目标无法读出），设置目标范围时不可用")]
     Spanning(String),
     #[error("合并转发引用（forward 消息段）的内容无法确认在目标范围内")]
     Forward,
@@ -482,6 +482,7 @@ mod tests {
         assert_eq!(check(&s, "get_group_system_msg", json!({"group_id": 20001})), Ok(()));
         assert_eq!(check(&s, "get_group_system_msg", json!({"group_id": 20002})), Err(OutOfScope::Group(20002)));
         assert_eq!(check(&s, "get_group_list", json!({})), Ok(()), "a directory list is allowed");
+        assert!(matches!(check(&s, ".send_packet", json!({"cmd": "x"})), Err(OutOfScope::Spanning(_))));
         let r = OutOfScope::Group(20002).reply("get_group_info");
         assert_eq!(r.diagnostics.kind, Some(FailureKind::OutOfScope));
         assert!(r.diagnostics.message.unwrap().contains("20002"));
