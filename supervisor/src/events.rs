@@ -523,11 +523,12 @@ fn handle(state: &Arc<Mutex<State>>, m: EventMsg, self_id: i64, generation: u64,
     let text: Arc<str> = Arc::from(text);
     let mut targets: Vec<(String, Vec<Target>)> = Vec::new();
     let State { resources, listeners, scope, .. } = &mut *st;
+    let mut kept = false;
     for (id, r) in resources.iter_mut() {
         if !r.filter.matches(&ev) {
             continue;
         }
-        scope.learn_event(&ev);
+        kept = true;
         r.last_seq += 1;
         r.bytes += text.len();
         r.buf.push_back(Entry { seq: r.last_seq, text: text.clone() });
@@ -549,6 +550,10 @@ fn handle(state: &Arc<Mutex<State>>, m: EventMsg, self_id: i64, generation: u64,
             r.notify_pending = true;
             targets.push((id.clone(), to));
         }
+    }
+    if kept {
+        // A message a buffer kept is in scope: it may be quoted or read.
+        scope.learn_event(&ev);
     }
     drop(st);
     if !targets.is_empty() {

@@ -363,4 +363,9 @@ fn events_outside_the_scope_never_enter_a_buffer() {
     assert!(texts.contains("in: group") && texts.contains("in: user"), "{texts}");
     assert!(!texts.contains("out:"), "{texts}");
     assert!(fake.fake.requests().is_empty());
+    // A message a buffer kept is in scope (the in-scope group message is id 1);
+    // one never seen is not.
+    let r = s.call("query_action", json!({"action": "get_msg", "params": {"message_id": 1}}));
+    assert_ne!(diag(&r)["kind"], "out_of_scope", "{r}");
+    assert_out_of_scope(&s.call("query_action", json!({"action": "get_msg", "params": {"message_id": 999}})), "999");
 }
