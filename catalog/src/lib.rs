@@ -14,6 +14,7 @@
 pub mod args;
 pub mod def;
 pub mod generate;
+pub mod safety;
 pub mod schema;
 pub mod search;
 pub mod tools;

@@ -3,6 +3,7 @@
 //! the offending value; the token's value is never printed.
 
 pub mod endpoint;
+pub mod safety;
 pub mod secret;
 
 use std::path::PathBuf;
@@ -102,6 +103,21 @@ pub struct Cli {
     /// or the preset `destructive`; unset: no confirmation).
     #[arg(global = true, long, env = "SNOWLUMA_MCP_CONFIRM_ACTIONS", hide_env_values = true)]
     pub confirm_actions: Option<String>,
+    /// Only these groups may be named by a call (comma-separated group numbers, or none).
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_ALLOW_GROUPS", hide_env_values = true)]
+    pub allow_groups: Option<String>,
+    /// Only these users may be named by a call (comma-separated QQ numbers, or none).
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_ALLOW_USERS", hide_env_values = true)]
+    pub allow_users: Option<String>,
+    /// Minimum milliseconds between two sends to the same target (default 3000; 0 = off).
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_SEND_INTERVAL_MS", hide_env_values = true)]
+    pub send_interval_ms: Option<String>,
+    /// Sends that may go at once over all targets (global bucket; default 5; 0 = off).
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_SEND_BURST", hide_env_values = true)]
+    pub send_burst: Option<String>,
+    /// Milliseconds the global bucket takes to regain one send (default 3000; 0 = off).
+    #[arg(global = true, long, env = "SNOWLUMA_MCP_SEND_REFILL_MS", hide_env_values = true)]
+    pub send_refill_ms: Option<String>,
     /// Diagnostics filter for stderr (e.g. info, debug, snowluma_mcp=trace).
     #[arg(global = true, long, env = "SNOWLUMA_MCP_LOG", hide_env_values = true, default_value = "info,rmcp=warn")]
     pub log: String,
@@ -117,6 +133,8 @@ const ENV_ONLY_HELP: &str = "Environment variables without a flag:
                                  --events-token-file); default: SNOWLUMA_MCP_TOKEN's
   SNOWLUMA_MCP_ALLOW_UNCONFINED  1 lets read and write modes start on a kernel that cannot fully
                                  enforce the sandbox (Landlock ABI >= 6 and seccomp)
+  SNOWLUMA_MCP_SHOW_SCOPE_IDS    1 lets get_runtime_info list the ids of SNOWLUMA_MCP_ALLOW_GROUPS /
+                                 ALLOW_USERS (otherwise it shows only how many there are)
   SNOWLUMA_MCP_LOG_PAYLOADS      1 lets debug/trace diagnostics of libraries (rmcp, HTTP) show
                                  message texts, paths and tokens; otherwise they are capped at info
 
@@ -236,6 +254,10 @@ pub struct Config {
     pub deny_actions: Option<String>,
     /// SNOWLUMA_MCP_CONFIRM_ACTIONS as given (resolved by the supervisor).
     pub confirm_actions: Option<String>,
+    /// SNOWLUMA_MCP_ALLOW_GROUPS / ALLOW_USERS (`safety.rs`).
+    pub scope: safety::ScopeConfig,
+    /// SNOWLUMA_MCP_SEND_* (`safety.rs`).
+    pub pacing: safety::PacingConfig,
     pub log: String,
     /// SNOWLUMA_MCP_LOG_PAYLOADS=1: library debug/trace lines are not capped.
     pub log_payloads: bool,
@@ -362,6 +384,13 @@ impl Config {
             return Err(bad("SNOWLUMA_MCP_LOG", "--log", format!("is not a valid filter ({e}); got {:?}", cli.log)));
         }
         let log_payloads = log_payloads()?;
+        let (scope, pacing) = safety::resolve(safety::Raw {
+            allow_groups: &cli.allow_groups,
+            allow_users: &cli.allow_users,
+            send_interval_ms: &cli.send_interval_ms,
+            send_burst: &cli.send_burst,
+            send_refill_ms: &cli.send_refill_ms,
+        })?;
         let stream_dir_path = stream_dir.clone().unwrap_or_else(default_stream_dir);
         Ok(Config {
             mode,
@@ -377,6 +406,8 @@ impl Config {
             allow_actions: nonempty(&cli.allow_actions),
             deny_actions: nonempty(&cli.deny_actions),
             confirm_actions: nonempty(&cli.confirm_actions),
+            scope,
+            pacing,
             log: cli.log.clone(),
             log_payloads,
             stream_dir_path,

@@ -52,6 +52,12 @@ pub enum FailureKind {
     /// `SNOWLUMA_MCP_CONFIRM_ACTIONS`: the human did not confirm (declined,
     /// cancelled, timed out, or the client cannot ask).
     NotConfirmed,
+    /// A target outside the operator's scope (`SNOWLUMA_MCP_ALLOW_GROUPS` /
+    /// `ALLOW_USERS`): nothing was sent.
+    OutOfScope,
+    /// Over the operator's send pacing: refused at once, never queued
+    /// (`Diagnostics::retry_after_ms` says when a retry may pass).
+    RateLimited,
 }
 
 impl FailureKind {
@@ -75,6 +81,8 @@ impl FailureKind {
             FailureKind::IdempotencyConflict => "idempotency_conflict",
             FailureKind::IdempotencyUnavailable => "idempotency_unavailable",
             FailureKind::NotConfirmed => "not_confirmed",
+            FailureKind::OutOfScope => "out_of_scope",
+            FailureKind::RateLimited => "rate_limited",
         }
     }
 }
@@ -90,11 +98,22 @@ pub struct Diagnostics {
     /// SnowLuma (rendered as `"replayed": true`).
     #[serde(default)]
     pub replayed: bool,
+    /// For a `rate_limited` refusal: the least time, in milliseconds, after
+    /// which the same call may pass the pacing.
+    /// (`u32`: every pacing limit is below 2^31 ms, and the reply stays small.)
+    pub retry_after_ms: Option<u32>,
 }
 
 impl Diagnostics {
     pub fn success() -> Diagnostics {
-        Diagnostics { outcome: Outcome::Success, kind: None, message: None, next_step: None, replayed: false }
+        Diagnostics {
+            outcome: Outcome::Success,
+            kind: None,
+            message: None,
+            next_step: None,
+            replayed: false,
+            retry_after_ms: None,
+        }
     }
 
     pub fn failed(kind: FailureKind, message: impl Into<String>) -> Diagnostics {
@@ -104,6 +123,7 @@ impl Diagnostics {
             message: Some(message.into()),
             next_step: None,
             replayed: false,
+            retry_after_ms: None,
         }
     }
 
@@ -114,11 +134,17 @@ impl Diagnostics {
             message: Some(message.into()),
             next_step: None,
             replayed: false,
+            retry_after_ms: None,
         }
     }
 
     pub fn with_next_step(mut self, step: impl Into<String>) -> Diagnostics {
         self.next_step = Some(step.into());
+        self
+    }
+
+    pub fn with_retry_after_ms(mut self, ms: u32) -> Diagnostics {
+        self.retry_after_ms = Some(ms);
         self
     }
 
@@ -137,10 +163,15 @@ impl Diagnostics {
         if self.replayed {
             m.insert("replayed".into(), json!(true));
         }
+        if let Some(ms) = self.retry_after_ms {
+            m.insert("retry_after_ms".into(), json!(ms));
+        }
         Value::Object(m)
     }
 
-    /// The JSON Schema of [`Diagnostics::to_json`], for `outputSchema`s.
+    /// The JSON Schema of [`Diagnostics::to_json`], for `outputSchema`s
+    /// (`retry_after_ms`, present only on `rate_limited` refusals, is left
+    /// undeclared so that tools/list stays as it was; the schema allows it).
     pub fn json_schema() -> Value {
         json!({
             "type": "object",

@@ -145,6 +145,10 @@ impl ServerState {
                 return Ok(self.ask_modern(spec, action, digest, remaining, answered));
             }
             let admission = admission.answered(&self.gate_context(), completion::merged_args(&args, &answered));
+            let admission = match self.ready(spec, admission, trace).await {
+                Ok(a) => a,
+                Err(refusal) => return Ok(Completion::Done(refusal)),
+            };
             return self.confirm_then_run(spec, admission, digest, answered, (None, None), ctx, trace).await;
         }
         let mut missing = completion::missing(action, &params);
@@ -153,6 +157,10 @@ impl ServerState {
             missing.retain(|m| !crate::transfers::MCP_OWNED_UPLOAD_FIELDS.contains(&m.as_str()));
         }
         if missing.is_empty() {
+            let admission = match self.ready(spec, admission, trace).await {
+                Ok(a) => a,
+                Err(refusal) => return Ok(Completion::Done(refusal)),
+            };
             return self
                 .confirm_then_run(spec, admission, digest, serde_json::Map::new(), (None, None), ctx, trace)
                 .await;
@@ -415,6 +423,7 @@ impl ServerState {
         }
         self.continuations.release(&slot);
         let admission = admission.answered(&self.gate_context(), completion::merged_args(&args, &answered));
+        let admission = self.ready(spec, admission, trace).await?;
         Ok((admission, answered))
     }
 }

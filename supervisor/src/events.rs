@@ -59,6 +59,9 @@ pub enum EventsError {
     NotFound,
     #[error("{0}")]
     BadCursor(&'static str),
+    /// A filter names a group or user outside the operator's scope.
+    #[error("{0}")]
+    OutOfScope(String),
 }
 
 /// Which events a resource keeps (AND of every part given).
@@ -209,6 +212,8 @@ struct State {
     listeners: HashMap<u64, SubscriptionSink>,
     next_listener: u64,
     generation: u64,
+    /// The operator's target scope: events outside it enter no buffer.
+    scope: Arc<crate::scope::Scope>,
 }
 
 pub struct EventHub {
@@ -225,8 +230,9 @@ enum Target {
 }
 
 impl EventHub {
-    pub fn new(network: Arc<WorkerSlot>, connect_wait: Duration) -> Arc<EventHub> {
-        Arc::new(EventHub { network, state: Arc::default(), connect_wait })
+    pub fn new(network: Arc<WorkerSlot>, connect_wait: Duration, scope: Arc<crate::scope::Scope>) -> Arc<EventHub> {
+        let state = Arc::new(Mutex::new(State { scope, ..State::default() }));
+        Arc::new(EventHub { network, state, connect_wait })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -239,6 +245,10 @@ impl EventHub {
     /// is none); answers the result object.
     pub async fn subscribe(&self, args: &Value) -> Result<Value, EventsError> {
         let sub = Subscription::parse(args)?;
+        let scope = self.lock().scope.clone();
+        scope
+            .check_subscription(sub.filter.group_ids.as_deref(), sub.filter.user_ids.as_deref())
+            .map_err(|e| EventsError::OutOfScope(format!("subscribe_events 被拒绝：{e}；未创建事件资源。")))?;
         let (uri, mut status_rx) = {
             let mut st = self.lock();
             if st.resources.len() >= MAX_RESOURCES {
@@ -506,13 +516,19 @@ fn handle(state: &Arc<Mutex<State>>, m: EventMsg, self_id: i64, generation: u64,
         cancel.cancel();
         return;
     }
+    // Outside the operator's scope: no buffer keeps it.
+    if !st.scope.event_in_scope(&ev) {
+        return;
+    }
     let text: Arc<str> = Arc::from(text);
     let mut targets: Vec<(String, Vec<Target>)> = Vec::new();
-    let State { resources, listeners, .. } = &mut *st;
+    let State { resources, listeners, scope, .. } = &mut *st;
+    let mut kept = false;
     for (id, r) in resources.iter_mut() {
         if !r.filter.matches(&ev) {
             continue;
         }
+        kept = true;
         r.last_seq += 1;
         r.bytes += text.len();
         r.buf.push_back(Entry { seq: r.last_seq, text: text.clone() });
@@ -534,6 +550,10 @@ fn handle(state: &Arc<Mutex<State>>, m: EventMsg, self_id: i64, generation: u64,
             r.notify_pending = true;
             targets.push((id.clone(), to));
         }
+    }
+    if kept {
+        // A message a buffer kept is in scope: it may be quoted or read.
+        scope.learn_event(&ev);
     }
     drop(st);
     if !targets.is_empty() {
@@ -605,6 +625,12 @@ pub(crate) async fn tool_call(hub: &EventHub, op: Op, args: Value) -> ToolReply 
         Err(e @ (EventsError::InvalidArguments(_) | EventsError::NotFound | EventsError::BadCursor(_))) => {
             ToolReply::fail(FailureKind::InvalidArguments, e.to_string())
         }
+        Err(e @ EventsError::OutOfScope(_)) => ToolReply::error(
+            snowluma_proto::Diagnostics::failed(FailureKind::OutOfScope, e.to_string()).with_next_step(
+                "Name only groups and users in scope (see get_runtime_info's scope), or ask the operator to \
+                 change SNOWLUMA_MCP_ALLOW_GROUPS / SNOWLUMA_MCP_ALLOW_USERS.",
+            ),
+        ),
         Err(e) => ToolReply::fail(FailureKind::Execution, e.to_string()),
     }
 }

@@ -87,7 +87,28 @@ impl ServerState {
             catalog: self.catalog,
             policy: &self.policy,
             transfers: self.transfers.as_deref(),
+            scope: &self.scope,
+            pacer: &self.pacer,
         }
+    }
+
+    /// [`gates::Admission::ready`] for a `_with_input` call about to run:
+    /// its refusal (scope, pacing) is audited like the gates'.
+    pub(crate) async fn ready(
+        &self,
+        spec: ToolSpec,
+        admission: Admission,
+        trace: &CallTrace,
+    ) -> Result<Admission, ToolReply> {
+        let refused = match admission.ready(&self.gate_context()) {
+            Ok(admission) => return Ok(admission),
+            Err(refused) => refused,
+        };
+        if let (Some(reason), Some(audited)) = (refused.audit_reason(), &refused.audited) {
+            let (given, action) = &**audited;
+            self.audit_refusal(spec, given, action, trace, reason, "action").await;
+        }
+        Err(refused.reply)
     }
 
     /// [`gates::admit`] for this server; a refusal the audit log records
@@ -152,24 +173,20 @@ impl ServerState {
             }
         }
         // From here on the call will be sent (a replay, a conflict and a
-        // confirmation round have all returned above): the place to charge a
-        // send budget (pacing), so that replays and the rounds of a
-        // confirmation are never counted as sends.
+        // confirmation round have all returned above): its send is charged
+        // to the pacing now, so that replays and the rounds of a
+        // confirmation or of input completion never count as sends.
+        if let Err(limited) = self.pacer.gate(action, &params, true) {
+            self.audit_refusal(spec, &given, action, trace, "rate_limited", "action").await;
+            return limited.reply(&action.name);
+        }
         // What the audit records say about this action (only when auditing).
         let audit = self.audit.as_ref().map(|log| (log, self.action_ref_with(spec, &given, action, trace, op_id)));
         // Nothing leaves without its intent record once auditing is on.
-        if let Some((log, about)) = &audit {
-            let rec =
-                ActionRecord::Intent { action: about.clone(), params_digest: log.params_digest(&params.to_value()) };
-            if let Err(e) = log.record(rec).await {
-                tracing::error!(error = %e, "audit intent not written; action refused");
-                return ToolReply::error(
-                    Diagnostics::failed(FailureKind::AuditFailed, format!("无法写入审计日志，action 未执行：{e}"))
-                        .with_next_step(
-                            "The operator must repair SNOWLUMA_MCP_AUDIT_LOG (see `snowluma-mcp audit verify`).",
-                        ),
-                );
-            }
+        if let Some((log, about)) = &audit
+            && let Err(refusal) = write_intent(log, about, &params).await
+        {
+            return refusal;
         }
         let started = Instant::now();
         // The key's pending record, before anything is sent.
@@ -181,19 +198,7 @@ impl ServerState {
             }
             return reply;
         }
-        let exec = ExecRequest {
-            action: given,
-            params: params.json_text(),
-            stream: action.stream,
-            write: !action.read_only,
-            trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
-            transfer: None,
-            progress: !matches!(progress, ProgressSink::None) && action.stream,
-            file_action: action.transfer.map(|t| match t {
-                FileTransfer::Upload => FileAction::Upload,
-                FileTransfer::Download => FileAction::Download,
-            }),
-        };
+        let exec = exec_request(given, action, &params, trace, &progress);
         let (forwarder, progress_tx) = match progress {
             ProgressSink::Client(peer, token) if action.stream => {
                 let f = crate::progress::Forwarder::start(peer, token, cancel.clone());
@@ -214,6 +219,8 @@ impl ServerState {
         if let Some(f) = forwarder {
             finish_progress(f, &mut reply, cancel, tool).await;
         }
+        // Message ids an in-scope send or history read names are in scope.
+        self.scope.learn_from_result(action, &reply);
         if let Some(running) = keyed {
             running.finish(&reply).await;
         }
@@ -249,7 +256,8 @@ impl ServerState {
         }
     }
 
-    /// A `refused` audit record: a policy refusal (`what`: "action"), or a
+    /// A `refused` audit record: a gate's refusal (policy, scope, pacing;
+    /// `what`: "action"), or a
     /// continuation that executes nothing ("continuation"). `given`: the
     /// action as the caller wrote it.
     pub(crate) async fn audit_refusal(
@@ -307,6 +315,42 @@ impl ServerState {
             }
         }
         op_id
+    }
+}
+
+/// The intent record, before anything is sent: a failed write refuses the
+/// action (nothing leaves without it).
+async fn write_intent(log: &AuditLog, about: &ActionRef, params: &gates::Params) -> Result<(), ToolReply> {
+    let rec = ActionRecord::Intent { action: about.clone(), params_digest: log.params_digest(&params.to_value()) };
+    log.record(rec).await.map_err(|e| {
+        tracing::error!(error = %e, "audit intent not written; action refused");
+        ToolReply::error(
+            Diagnostics::failed(FailureKind::AuditFailed, format!("无法写入审计日志，action 未执行：{e}"))
+                .with_next_step("The operator must repair SNOWLUMA_MCP_AUDIT_LOG (see `snowluma-mcp audit verify`)."),
+        )
+    })
+}
+
+/// The request the network executor gets for an admitted call.
+fn exec_request(
+    given: String,
+    action: &Action,
+    params: &gates::Params,
+    trace: &CallTrace,
+    progress: &ProgressSink,
+) -> ExecRequest {
+    ExecRequest {
+        action: given,
+        params: params.json_text(),
+        stream: action.stream,
+        write: !action.read_only,
+        trace: TraceContext { traceparent: trace.traceparent.clone(), tracestate: trace.tracestate.clone() },
+        transfer: None,
+        progress: !matches!(progress, ProgressSink::None) && action.stream,
+        file_action: action.transfer.map(|t| match t {
+            FileTransfer::Upload => FileAction::Upload,
+            FileTransfer::Download => FileAction::Download,
+        }),
     }
 }
 

@@ -8,8 +8,8 @@
 //!
 //! Order ([`Step`]): mode → arguments → endpoint → catalog → read-only
 //! (query) → execution → stream (background only) → params → transfer plan
-//! (`transfers/`) → operator policy → *(the next issue's safety gates go
-//! here: target scope, send pacing, confirmation)* → audit intent → send
+//! (`transfers/`) → operator policy → target scope (`scope.rs`) → send
+//! pacing (`pacing.rs`) → *(confirmation goes here)* → audit intent → send
 //! (`execution.rs`).
 
 use std::sync::Arc;
@@ -19,7 +19,9 @@ use serde_json::{Value, json};
 use snowluma_catalog::{Action, Catalog};
 use snowluma_proto::{Diagnostics, FailureKind, JsonText, ToolReply};
 
+use crate::pacing::Pacer;
 use crate::policy::Policy;
+use crate::scope::Scope;
 use crate::tools::{Handler, Modes, ToolSpec};
 use crate::transfers::{Plan, TransferService};
 use snowluma_config::Mode;
@@ -373,11 +375,12 @@ pub enum Step {
     Transfer,
     /// The operator's action policy ([`policy`]); its refusals are audited.
     Policy,
-    // hook: the next issue's safety gates are appended here, in this order,
-    // each with its own step: target scope (SNOWLUMA_MCP_ALLOW_GROUPS /
-    // ALLOW_USERS, read from the admitted params), send pacing, and the
-    // confirmation of destructive actions. They run after the policy and
-    // before the audit intent (see `admit`).
+    /// The target scope (`scope.rs`: SNOWLUMA_MCP_ALLOW_GROUPS /
+    /// ALLOW_USERS, read from the admitted params); audited.
+    Scope,
+    /// Send pacing (`pacing.rs`), checked here and charged when the call
+    /// is sent (`execution.rs` `run`); audited.
+    Pacing,
     /// `SNOWLUMA_MCP_CONFIRM_ACTIONS` ([`confirm`]): marks the admission for
     /// a confirmation (asked by the call's flow, `completion_flow.rs`);
     /// refuses a background task, which cannot ask. Audited.
@@ -405,6 +408,10 @@ pub struct Context<'a, N> {
     pub catalog: &'static Catalog,
     pub policy: &'a Policy,
     pub transfers: Option<&'a TransferService>,
+    /// The operator's target scope ([`Step::Scope`]).
+    pub scope: &'a Scope,
+    /// This runtime's send pacing ([`Step::Pacing`]).
+    pub pacer: &'a Pacer,
 }
 
 /// A call every gate let through (the current mode offers the tool and the
@@ -427,8 +434,6 @@ pub struct Admission<N> {
     /// that runs later is its refusal, given when the call runs (no later
     /// gate refused it).
     pub transfer: Result<Option<Plan>, ToolReply>,
-    // hook: the verdicts of the next issue's gates (target scope, pacing
-    // slot, confirmation) become fields here.
     /// The human must confirm before it runs ([`Step::Confirm`]).
     pub confirm: bool,
     /// The audit `op_id` of an accepted confirmation, which the intent and
@@ -445,6 +450,20 @@ impl<N> Admission<N> {
         self.params = params(arguments(merged).params);
         self.transfer = crate::transfers::plan(cx.transfers, self.action, &self.params, self.input_file.as_deref());
         self
+    }
+
+    /// A `_with_input` call about to run on its final params: the target
+    /// scope and the pacing checked again (the answers may have named a
+    /// target); the pacing slot is taken when it is sent.
+    pub fn ready(self, cx: &Context<'_, N>) -> Result<Admission<N>, Refused> {
+        let audited = || Some(Box::new((self.given.clone(), self.action)));
+        if let Err(e) = cx.scope.check(self.action, &self.params) {
+            return Err(Refused { step: Step::Scope, reply: e.reply(&self.action.name), audited: audited() });
+        }
+        if let Err(l) = cx.pacer.gate(self.action, &self.params, false) {
+            return Err(Refused { step: Step::Pacing, reply: l.reply(&self.action.name), audited: audited() });
+        }
+        Ok(self)
     }
 }
 
@@ -469,6 +488,8 @@ impl Refused {
         match self.step {
             Step::Policy => Some("policy_denied"),
             Step::Confirm => Some("confirmation_unavailable"),
+            Step::Scope => Some("out_of_scope"),
+            Step::Pacing => Some("rate_limited"),
             _ => None,
         }
     }
@@ -539,13 +560,25 @@ pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: 
             Ok(_) => Refused { step: Step::Policy, reply, audited: Some(Box::new((args.action, action))) },
         });
     }
-    // hook: target scope, send pacing and confirmation of destructive
-    // actions run here, after the policy, each refusing with its own Step.
-    let confirm = confirm(cx.policy.confirm(), action, entry).map_err(|reply| Refused {
-        step: Step::Confirm,
-        reply,
-        audited: Some(Box::new((args.action.clone(), action))),
-    })?;
+    // Target scope, then pacing, then confirmation; a failed plan still
+    // comes first. Pacing is only checked here: the slot is taken where
+    // the call is certain to be sent (`execution.rs` `run`), so that the
+    // rounds of a confirmation or of input completion and replayed keys
+    // never count as sends.
+    let later = |step, reply, transfer: Result<Option<Plan>, ToolReply>, given: String| match transfer {
+        Err(plan) => Refused::at(Step::Transfer)(plan),
+        Ok(_) => Refused { step, reply, audited: Some(Box::new((given, action))) },
+    };
+    if let Err(e) = cx.scope.check(action, &params) {
+        return Err(later(Step::Scope, e.reply(&action.name), transfer, args.action));
+    }
+    if let Err(l) = cx.pacer.gate(action, &params, false) {
+        return Err(later(Step::Pacing, l.reply(&action.name), transfer, args.action));
+    }
+    let confirm = match confirm(cx.policy.confirm(), action, entry) {
+        Ok(c) => c,
+        Err(reply) => return Err(later(Step::Confirm, reply, transfer, args.action)),
+    };
     Ok(Admission {
         network,
         action,
@@ -714,7 +747,16 @@ mod tests {
         use crate::tools::{INVOKE_ACTION, INVOKE_ACTION_BACKGROUND, INVOKE_ACTION_WITH_INPUT, QUERY_ACTION};
         let open = Policy::from_config(catalog(), None, None).unwrap();
         let deny = Policy::from_config(catalog(), None, Some("upload_file_stream,get_status")).unwrap();
-        let cx = |mode, network, policy| Context { mode, network, catalog: catalog(), policy, transfers: None };
+        let (scope, pacer) = (Scope::default(), Pacer::new(snowluma_config::safety::PacingConfig::default()));
+        let cx = |mode, network, policy| Context {
+            mode,
+            network,
+            catalog: catalog(),
+            policy,
+            transfers: None,
+            scope: &scope,
+            pacer: &pacer,
+        };
         let write = cx(Mode::Write, Some(&1u8), &open);
         let step = |cx: &Context<'_, u8>, spec, entry, args: Value| {
             admit(cx, spec, entry, args.into()).map(|a| a.action.name.clone()).map_err(|r| (r.step, r.audit_reason()))
@@ -794,5 +836,49 @@ mod tests {
         let a = a.answered(&write, json!({"action": "get_status", "params": {"x": 1}}));
         assert_eq!((a.given.as_str(), a.params.to_value()), ("get_status", json!({"x": 1})));
         assert!(matches!(a.transfer, Ok(None)));
+    }
+
+    /// Target scope, then pacing, after the policy; both refusals audited;
+    /// admission only checks the pacing (the slot is taken when the call is
+    /// sent, `execution.rs`), so admitting twice takes nothing.
+    #[test]
+    fn scope_and_pacing_follow_the_policy() {
+        use crate::tools::{INVOKE_ACTION, INVOKE_ACTION_WITH_INPUT};
+        use snowluma_config::safety::{PacingConfig, ScopeConfig};
+        let open = Policy::from_config(catalog(), None, None).unwrap();
+        let deny = Policy::from_config(catalog(), None, Some("send_group_msg")).unwrap();
+        let scope = Scope::from_config(&ScopeConfig { groups: Some([20001].into()), users: None, show_ids: false });
+        let pacer = Pacer::new(PacingConfig { interval_ms: 86_400_000, burst: 0, refill_ms: 0 });
+        let cx = |policy| Context {
+            mode: Mode::Write,
+            network: Some(&1u8),
+            catalog: catalog(),
+            policy,
+            transfers: None,
+            scope: &scope,
+            pacer: &pacer,
+        };
+        let send = |g: u64| json!({"action": "send_group_msg", "params": {"group_id": g, "message": "x"}});
+        let step = |cx: &Context<'_, u8>, spec, entry, args: Value| {
+            admit(cx, spec, entry, args.into()).map(|_| ()).map_err(|r| (r.step, r.audit_reason()))
+        };
+        let (allowed, denied) = (cx(&open), cx(&deny));
+        assert_eq!(step(&denied, INVOKE_ACTION, Entry::Call, send(20002)), Err((Step::Policy, Some("policy_denied"))));
+        assert_eq!(step(&allowed, INVOKE_ACTION, Entry::Call, send(20002)), Err((Step::Scope, Some("out_of_scope"))));
+        let a = admit(&allowed, INVOKE_ACTION_WITH_INPUT, Entry::WithInput, send(20001).into()).unwrap();
+        assert_eq!(step(&allowed, INVOKE_ACTION, Entry::Call, send(20001)), Ok(()), "admission takes nothing");
+        assert_eq!(step(&allowed, INVOKE_ACTION, Entry::Call, send(20001)), Ok(()), "admission takes nothing");
+        // The send takes the slot; the next admission is refused, and so
+        // is a ready `_with_input` call to the same target.
+        pacer.gate(a.action, &a.params, true).unwrap();
+        assert_eq!(step(&allowed, INVOKE_ACTION, Entry::Call, send(20001)), Err((Step::Pacing, Some("rate_limited"))));
+        let r = a.ready(&allowed).unwrap_err();
+        assert_eq!((r.step, r.reply.diagnostics.kind), (Step::Pacing, Some(FailureKind::RateLimited)));
+        assert!(r.reply.diagnostics.retry_after_ms.is_some_and(|ms| ms > 0));
+        // Answers that name an out-of-scope target are refused when ready.
+        let a = admit(&allowed, INVOKE_ACTION_WITH_INPUT, Entry::WithInput, json!({"action": "send_group_msg"}).into())
+            .unwrap();
+        let a = a.answered(&allowed, send(20002));
+        assert_eq!(a.ready(&allowed).unwrap_err().step, Step::Scope);
     }
 }

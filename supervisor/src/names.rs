@@ -22,4 +22,3 @@ pub fn resolve<'c>(catalog: &'c Catalog, name: &str) -> Option<&'c Action> {
 pub(crate) fn resolve_listed<'c>(catalog: &'c Catalog, name: &str) -> Option<&'c Action> {
     resolve(catalog, name).or_else(|| name.strip_suffix("_async").and_then(|base| catalog.get(base)))
 }
-

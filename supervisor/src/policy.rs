@@ -39,8 +39,8 @@ pub struct Policy {
     confirm: crate::confirm::ConfirmList,
 }
 
-pub use crate::names::{PolicyError, resolve};
 use crate::names::resolve_listed;
+pub use crate::names::{PolicyError, resolve};
 
 fn parse_list(
     catalog: &Catalog,

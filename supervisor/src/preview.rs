@@ -293,6 +293,17 @@ pub fn needs_confirmation(policy: &Policy, catalog: &Catalog, action: &str) -> b
     crate::policy::resolve(catalog, action).is_some_and(|a| policy.confirm().requires(a))
 }
 
+/// Why the operator's target scope would refuse the draft's send, if it
+/// would: the same check `invoke_action` makes on the same arguments.
+pub fn scope_blocked(scope: &crate::scope::Scope, catalog: &Catalog, draft: &Draft) -> Option<String> {
+    let action = crate::policy::resolve(catalog, draft.action())?;
+    let params = draft.invoke_arguments().get("params").cloned().unwrap_or_else(|| json!({}));
+    scope
+        .check(action, &crate::gates::Params::Value(params))
+        .err()
+        .map(|e| format!("the target is outside this server's scope (out_of_scope): {e}"))
+}
+
 /// The tool's result.
 pub fn result(draft: &Draft, blocked: Option<String>) -> Value {
     json!({
@@ -361,6 +372,7 @@ pub(crate) fn tool_call(state: &crate::state::ServerState, args: &Value, form: b
         state.catalog,
         draft.action(),
     )
+    .or_else(|| scope_blocked(&state.scope, state.catalog, &draft))
     .or_else(|| confirmation_blocks(&state.policy, state.catalog, draft.action(), form));
     let mut out = result(&draft, blocked);
     if needs_confirmation(&state.policy, state.catalog, draft.action())
@@ -491,5 +503,26 @@ mod tests {
         let r = result(&d, Some("why".into()));
         assert_eq!((r["can_send"].clone(), r["send_blocked_by"].clone()), (json!(false), json!("why")));
         assert_eq!(result(&d, None)["can_send"], json!(true));
+    }
+
+    #[test]
+    fn can_send_accounts_for_the_target_scope() {
+        let catalog = Catalog::bundled();
+        let scope = crate::scope::Scope::from_config(&snowluma_config::safety::ScopeConfig {
+            groups: Some([20001].into()),
+            users: None,
+            show_ids: false,
+        });
+        let draft = |t: u64, reply: Option<i32>| {
+            ok(json!({"message_type": "group", "target_id": t, "text": "hi", "reply_to": reply}))
+        };
+        assert_eq!(scope_blocked(&scope, catalog, &draft(20001, None)), None);
+        let why = scope_blocked(&scope, catalog, &draft(20002, None)).unwrap();
+        assert!(why.contains("out_of_scope") && why.contains("20002"), "{why}");
+        assert!(scope_blocked(&scope, catalog, &draft(20001, Some(-7))).unwrap().contains("-7"));
+        scope.learn([-7]);
+        assert_eq!(scope_blocked(&scope, catalog, &draft(20001, Some(-7))), None);
+        let private = ok(json!({"message_type": "private", "target_id": 5, "text": "hi"}));
+        assert_eq!(scope_blocked(&scope, catalog, &private), None, "no user list: users unrestricted");
     }
 }

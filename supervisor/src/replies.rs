@@ -55,6 +55,7 @@ pub(crate) fn call_error_reply(e: CallError, write: bool) -> ToolReply {
             message: Some(e.to_string()),
             next_step: None,
             replayed: false,
+            retry_after_ms: None,
         }),
         CallError::WorkerDied(_) if write => {
             ToolReply::error(Diagnostics::unknown(FailureKind::WorkerUnavailable, e.to_string()).with_next_step(

@@ -104,6 +104,8 @@ pub async fn runtime_info(
         "policy": server.policy().to_json(),
         "confirmation": server.policy().confirm().to_json(),
         "idempotency": server.keys.to_json(),
+        "scope": server.scope.to_json(),
+        "pacing": server.pacer.to_json(),
         "confinement": confinement(),
     });
     if args.check_connection {

@@ -191,8 +191,9 @@ fn build_server(
     );
     let continuations = completion::Continuations::new(completion::Continuations::clock_offset_from_env())?;
     // Live event resources: only with an events URL and a network executor.
+    let scope = Arc::new(crate::scope::Scope::from_config(&config.scope));
     let hub = match (&slots.network, &config.events_url) {
-        (Some(n), Some(_)) => Some(events::EventHub::new(n.clone(), timeout)),
+        (Some(n), Some(_)) => Some(events::EventHub::new(n.clone(), timeout, scope.clone())),
         _ => None,
     };
     let key_owner = task_owner.clone();
@@ -232,6 +233,7 @@ fn build_server(
             tasks: task_service.clone(),
             events: hub.clone(),
             keys,
+            scope,
         },
     );
     Ok((server, hub, task_service))

@@ -11,7 +11,9 @@ use snowluma_catalog::Catalog;
 use crate::audit::AuditLog;
 use crate::completion;
 use crate::events::EventHub;
+use crate::pacing::Pacer;
 use crate::policy::Policy;
+use crate::scope::Scope;
 use crate::transfers::TransferService;
 use crate::workers::WorkerSlot;
 use snowluma_config::Config;
@@ -36,6 +38,8 @@ pub struct Services {
     pub events: Option<Arc<EventHub>>,
     /// Idempotency keys (always; persistent with a task directory).
     pub keys: Arc<crate::idempotency::Keys>,
+    /// The operator's target scope (shared with the event hub).
+    pub scope: Arc<Scope>,
 }
 
 pub struct ServerState {
@@ -55,6 +59,10 @@ pub struct ServerState {
     pub(crate) tasks: Option<Arc<crate::tasks::TaskService>>,
     /// `execution.idempotency_key`s (`idempotency.rs`).
     pub(crate) keys: Arc<crate::idempotency::Keys>,
+    /// The operator's target scope (`scope.rs`).
+    pub(crate) scope: Arc<Scope>,
+    /// This runtime's send pacing (`pacing.rs`).
+    pub(crate) pacer: Pacer,
 }
 
 impl ServerState {
@@ -65,7 +73,8 @@ impl ServerState {
         audit: Option<AuditLog>,
         services: Services,
     ) -> ServerState {
-        let Services { transfers, continuations, tasks, events, keys } = services;
+        let Services { transfers, continuations, tasks, events, keys, scope } = services;
+        let pacer = Pacer::new(config.pacing);
         ServerState {
             config,
             workers,
@@ -77,6 +86,8 @@ impl ServerState {
             events,
             tasks,
             keys,
+            scope,
+            pacer,
         }
     }
 

@@ -158,7 +158,9 @@ fn transport_errors_and_bad_responses_are_tool_errors() {
 #[test]
 fn a_connection_closed_by_snowluma_between_calls_is_replaced() {
     let fake = Fake::start(Some("t0k"));
-    let mut s = session(&fake, "write", &[]);
+    // Five sends to one group in a row: send pacing (tests/tests/safety.rs) off.
+    let no_pacing = [("SNOWLUMA_MCP_SEND_INTERVAL_MS", "0"), ("SNOWLUMA_MCP_SEND_BURST", "0")];
+    let mut s = session(&fake, "write", &no_pacing);
     let sends =
         |fake: &Fake| fake.fake.requests().iter().filter(|q| q.action.as_deref() == Some("send_group_msg")).count();
     fake.fake.set_fault("get_status", Fault::CloseAfterResponse);

@@ -2612,3 +2612,62 @@ fn a_modern_confirmation_and_keyed_replays_over_http() {
     let sends = fake.fake.requests().iter().filter(|q| q.action.as_deref() == Some("send_group_msg")).count();
     assert_eq!(sends, 1);
 }
+
+/// The result object of a `tools/call` answer (the last message of a reply).
+fn tool_result(r: &Reply) -> Value {
+    r.last()["result"].clone()
+}
+
+/// Target scope and send pacing over `serve-http`, both eras: refusals are
+/// the stdio server's (nothing reaches the fake); the pacing window is the
+/// session tree's: a legacy session's second send to a group is refused,
+/// while another legacy session of the same token has its own window (what
+/// the README states), and a token's modern requests share one tree.
+#[test]
+fn scope_and_pacing_hold_over_http_with_a_window_per_session_tree() {
+    let dir = temp_dir("safety");
+    let fake = Fake::start(Some("t"));
+    let url = fake.fake.url();
+    let env = [
+        ("SNOWLUMA_MCP_ENDPOINT", url.as_str()),
+        ("SNOWLUMA_MCP_TOKEN", "t"),
+        ("SNOWLUMA_MCP_MODE", "write"),
+        ("SNOWLUMA_MCP_ALLOW_GROUPS", "20001"),
+        ("SNOWLUMA_MCP_SEND_INTERVAL_MS", "86400000"),
+        ("SNOWLUMA_MCP_SEND_BURST", "0"),
+    ];
+    let s = Server::start(&dir, &env, &[]);
+    let send = |g: u64| json!({"action": "send_group_msg", "params": {"group_id": g, "message": "x"}});
+    let kind = |r: &Reply| tool_result(r)["structuredContent"]["diagnostics"]["kind"].clone();
+    let sends = || fake.fake.requests().iter().filter(|q| q.action.as_deref() == Some("send_group_msg")).count();
+    let a = s.initialize(ALICE);
+    assert_eq!(kind(&s.call(ALICE, &a, 2, "invoke_action", send(20002))), "out_of_scope");
+    assert_eq!(sends(), 0, "nothing out of scope reached SnowLuma");
+    assert_eq!(tool_result(&s.call(ALICE, &a, 3, "invoke_action", send(20001)))["isError"], false);
+    let r = s.call(ALICE, &a, 4, "invoke_action", send(20001));
+    assert_eq!(kind(&r), "rate_limited");
+    assert!(tool_result(&r)["structuredContent"]["diagnostics"]["retry_after_ms"].as_u64().unwrap() > 0);
+    assert_eq!(sends(), 1);
+    // Another legacy session of the same token: its own tree, its own window.
+    let b = s.initialize(ALICE);
+    assert_eq!(tool_result(&s.call(ALICE, &b, 2, "invoke_action", send(20001)))["isError"], false);
+    assert_eq!(sends(), 2);
+    // Modern: the token's requests share one tree, whatever the connection.
+    let call = |id: i64, args: Value| {
+        s.modern(ALICE, id, "tools/call", Some("invoke_action"), json!({"name": "invoke_action", "arguments": args}))
+    };
+    assert_eq!(kind(&call(5, send(20002))), "out_of_scope");
+    assert_eq!(tool_result(&call(6, send(20001)))["isError"], false);
+    assert_eq!(kind(&call(7, send(20001))), "rate_limited");
+    assert_eq!(sends(), 3);
+    let info = s.modern(
+        ALICE,
+        8,
+        "tools/call",
+        Some("get_runtime_info"),
+        json!({"name": "get_runtime_info", "arguments": {}}),
+    );
+    let info = &tool_result(&info)["structuredContent"]["result"];
+    assert_eq!(info["scope"]["groups"]["count"], 1);
+    assert!(info["pacing"]["window"].as_str().unwrap().contains("per session tree"));
+}

@@ -33,7 +33,14 @@ fn elicitation() -> Value {
 }
 
 fn env_of<'a>(url: &'a str, mode: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
-    let mut env = vec![("SNOWLUMA_MCP_ENDPOINT", url), ("SNOWLUMA_MCP_MODE", mode), ("SNOWLUMA_MCP_TOKEN", "t0k")];
+    // These tests send to one group many times: send pacing (tests/tests/safety.rs) off.
+    let mut env = vec![
+        ("SNOWLUMA_MCP_ENDPOINT", url),
+        ("SNOWLUMA_MCP_MODE", mode),
+        ("SNOWLUMA_MCP_TOKEN", "t0k"),
+        ("SNOWLUMA_MCP_SEND_INTERVAL_MS", "0"),
+        ("SNOWLUMA_MCP_SEND_BURST", "0"),
+    ];
     env.extend_from_slice(extra);
     env
 }

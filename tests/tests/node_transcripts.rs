@@ -456,6 +456,10 @@ impl Run {
 fn session_env(l: &Line, fake: Option<&str>, tmp: &Path, closed: u16) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> =
         l.env.iter().map(|(k, v)| (k.clone(), fill(v.as_str().unwrap_or_default(), fake, tmp, closed))).collect();
+    // The Node server has no send pacing: its answers are replayed with ours
+    // off (Node's behaviour back, as the README's differences table says).
+    env.push(("SNOWLUMA_MCP_SEND_INTERVAL_MS".into(), "0".into()));
+    env.push(("SNOWLUMA_MCP_SEND_BURST".into(), "0".into()));
     env.push(("TMPDIR".into(), tmp.join("tmp").display().to_string()));
     env.push(("LANG".into(), "C.UTF-8".into()));
     env.push(("HOME".into(), tmp.display().to_string()));

@@ -53,3 +53,55 @@ async fn modern_session_through_rmcp_client() {
     let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
     tokio::time::timeout(SAFETY, session(mode)).await.expect("the session timed out");
 }
+
+/// A write session with a target scope and a day-long per-target interval:
+/// an out-of-scope send and a second send to the same group are tool errors
+/// rmcp's client reads as such (`out_of_scope`; `rate_limited` with
+/// `retry_after_ms`), and only the first in-scope send is made.
+async fn safety_session(url: &str, mode: ClientLifecycleMode) {
+    let mut child = command()
+        .env("SNOWLUMA_MCP_ENDPOINT", url)
+        .env("SNOWLUMA_MCP_TOKEN", "t")
+        .env("SNOWLUMA_MCP_MODE", "write")
+        .env("SNOWLUMA_MCP_ALLOW_GROUPS", "20001")
+        .env("SNOWLUMA_MCP_SEND_INTERVAL_MS", "86400000")
+        .env("SNOWLUMA_MCP_SEND_BURST", "0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let client = ().serve_with_lifecycle(transport, mode).await.unwrap();
+    let send = |g: u64| {
+        let args = json!({"action": "send_group_msg", "params": {"group_id": g, "message": "hi"}});
+        CallToolRequestParams::new("invoke_action").with_arguments(args.as_object().unwrap().clone())
+    };
+    let r = client.call_tool(send(20002)).await.unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(r.structured_content.unwrap()["diagnostics"]["kind"], "out_of_scope");
+    let r = client.call_tool(send(20001)).await.unwrap();
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    let r = client.call_tool(send(20001)).await.unwrap();
+    assert_eq!(r.is_error, Some(true));
+    let d = r.structured_content.unwrap()["diagnostics"].clone();
+    assert_eq!(d["kind"], "rate_limited");
+    assert!(d["retry_after_ms"].as_u64().is_some_and(|ms| ms > 0), "{d}");
+    client.cancel().await.unwrap();
+}
+
+#[test]
+fn scope_and_pacing_refusals_through_rmcp_client_in_both_eras() {
+    let fake = snowluma_e2e::Fake::start(Some("t"));
+    let url = fake.fake.url();
+    let modes = [
+        ClientLifecycleMode::Initialize,
+        ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] },
+    ];
+    for mode in modes {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async { tokio::time::timeout(SAFETY, safety_session(&url, mode)).await.expect("timed out") });
+    }
+    let sends = fake.fake.requests().iter().filter(|q| q.action.as_deref() == Some("send_group_msg")).count();
+    assert_eq!(sends, 2, "one in-scope send per session, nothing refused");
+}

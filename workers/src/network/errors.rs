@@ -133,6 +133,7 @@ pub(crate) fn cancelled(write: bool) -> ToolReply {
         }),
         next_step: None,
         replayed: false,
+        retry_after_ms: None,
     };
     ToolReply::error(d)
 }
