@@ -4,6 +4,7 @@
 //! drives the other roles' escape probes) and the `audit` command run from
 //! it too.
 
+mod args;
 mod audit;
 mod background;
 mod completion;

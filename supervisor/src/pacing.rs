@@ -17,7 +17,7 @@ use snowluma_catalog::safety::{self, TargetKind};
 use snowluma_config::safety::PacingConfig;
 use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
 
-use crate::gates::Params;
+use crate::args::Params;
 
 /// Targets whose last send is remembered before old ones are pruned.
 const PRUNE_AT: usize = 4096;

@@ -299,7 +299,7 @@ pub fn scope_blocked(scope: &crate::scope::Scope, catalog: &Catalog, draft: &Dra
     let action = crate::policy::resolve(catalog, draft.action())?;
     let params = draft.invoke_arguments().get("params").cloned().unwrap_or_else(|| json!({}));
     scope
-        .check(action, &crate::gates::Params::Value(params))
+        .check(action, &crate::args::Params::Value(params))
         .err()
         .map(|e| format!("the target is outside this server's scope (out_of_scope): {e}"))
 }

@@ -23,7 +23,7 @@ use snowluma_catalog::safety::{self, TargetKind};
 use snowluma_config::safety::ScopeConfig;
 use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
 
-use crate::gates::Params;
+use crate::args::Params;
 
 /// Most message ids remembered as in scope (the oldest are forgotten).
 pub const MAX_KNOWN_MESSAGES: usize = 10_000;
