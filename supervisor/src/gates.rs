@@ -181,8 +181,9 @@ pub enum Step {
     /// The target scope (`scope.rs`: SNOWLUMA_MCP_ALLOW_GROUPS /
     /// ALLOW_USERS, read from the admitted params); audited.
     Scope,
-    /// Send pacing (`pacing.rs`), checked here and charged when the call
-    /// is sent (`execution.rs` `run`); audited.
+    /// Send pacing (`pacing.rs`), checked here (for a keyed call, after
+    /// its key's lookup) and charged when the call is sent (`execution.rs`
+    /// `run`); audited.
     Pacing,
     /// `SNOWLUMA_MCP_CONFIRM_ACTIONS` ([`confirm`]): marks the admission for
     /// a confirmation (asked by the call's flow, `completion_flow.rs`);
@@ -263,7 +264,9 @@ impl<N> Admission<N> {
         if let Err(e) = cx.scope.check(self.action, &self.params) {
             return Err(Refused { step: Step::Scope, reply: e.reply(&self.action.name), audited: audited() });
         }
-        if let Err(l) = cx.pacer.gate(self.action, &self.params, false) {
+        if self.idempotency_key.is_none()
+            && let Err(l) = cx.pacer.gate(self.action, &self.params, false)
+        {
             return Err(Refused { step: Step::Pacing, reply: l.reply(&self.action.name), audited: audited() });
         }
         Ok(self)
@@ -375,7 +378,11 @@ pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: 
     if let Err(e) = cx.scope.check(action, &params) {
         return Err(later(Step::Scope, e.reply(&action.name), transfer, args.action));
     }
-    if let Err(l) = cx.pacer.gate(action, &params, false) {
+    // A keyed call may be a replay, which sends nothing: its pacing is
+    // checked once its key has been looked up (`execution.rs` `run`).
+    if args.idempotency_key.is_none()
+        && let Err(l) = cx.pacer.gate(action, &params, false)
+    {
         return Err(later(Step::Pacing, l.reply(&action.name), transfer, args.action));
     }
     let confirm = match confirm(cx.policy.confirm(), action, entry) {
@@ -677,6 +684,10 @@ mod tests {
         // is a ready `_with_input` call to the same target.
         pacer.gate(a.action, &a.params, true).unwrap();
         assert_eq!(step(&allowed, INVOKE_ACTION, Entry::Call, send(20001)), Err((Step::Pacing, Some("rate_limited"))));
+        // A keyed call may be a replay: its pacing waits for its key's lookup.
+        let mut keyed = send(20001);
+        keyed["execution"] = json!({"idempotency_key": "k-1"});
+        assert_eq!(step(&allowed, INVOKE_ACTION, Entry::Call, keyed), Ok(()));
         let r = a.ready(&allowed).unwrap_err();
         assert_eq!((r.step, r.reply.diagnostics.kind), (Step::Pacing, Some(FailureKind::RateLimited)));
         assert!(r.reply.diagnostics.retry_after_ms.is_some_and(|ms| ms > 0));

@@ -38,7 +38,10 @@ impl Env {
         self.dir.join("tasks")
     }
 
-    /// A write-mode session auditing to [`Env::log`], with `extra` variables.
+    /// A write-mode session auditing to [`Env::log`], with `extra` variables
+    /// (given after the defaults, so they win). Send pacing is off: these
+    /// tests send to one group in quick succession on purpose
+    /// (`replays_pass_the_pacing` turns it on; `safety.rs` tests pacing).
     fn spawn(&self, extra: &[(&str, &str)]) -> Mcp {
         let url = self.fake.fake.url();
         let log = self.log().display().to_string();
@@ -49,6 +52,8 @@ impl Env {
             ("SNOWLUMA_MCP_MODE", "write"),
             ("SNOWLUMA_MCP_AUDIT_LOG", log.as_str()),
             ("SNOWLUMA_MCP_STREAM_DIR", sd.as_str()),
+            ("SNOWLUMA_MCP_SEND_INTERVAL_MS", "0"),
+            ("SNOWLUMA_MCP_SEND_BURST", "0"),
         ];
         vars.extend_from_slice(extra);
         Mcp::spawn(&vars)
@@ -179,6 +184,28 @@ fn a_key_runs_once_and_replays_its_outcome() {
     );
     finish(s);
     verify(&e.log());
+}
+
+/// With send pacing on, a key's replays are not sends: of 50 concurrent
+/// calls with one key one is sent and 49 replay (none is refused as
+/// rate-limited); another key to the same group then is refused.
+#[test]
+fn replays_pass_the_pacing() {
+    let e = env("paced");
+    e.fake.fake.set_fault("send_group_msg", Fault::Delay(Duration::from_millis(300)));
+    let mut s = e.spawn(&[("SNOWLUMA_MCP_SEND_INTERVAL_MS", "86400000")]);
+    s.initialize("2025-11-25");
+    let ids: Vec<Value> = (0..50)
+        .map(|_| s.send_request("tools/call", json!({"name": "invoke_action", "arguments": send("paced", 20001)})))
+        .collect();
+    let replies: Vec<Value> = ids.iter().map(|id| s.wait_for(id)["result"].clone()).collect();
+    assert_eq!(e.sent("send_group_msg"), 1, "exactly one of 50 reached SnowLuma");
+    assert!(replies.iter().all(|r| !is_error(r)), "{replies:?}");
+    assert_eq!(replies.iter().filter(|r| diag(r)["replayed"] == true).count(), 49);
+    let other = s.call("invoke_action", send("paced-2", 20001));
+    assert_eq!(diag(&other)["kind"], "rate_limited", "{other}");
+    assert_eq!(e.sent("send_group_msg"), 1);
+    finish(s);
 }
 
 /// 50 concurrent calls with one key: exactly one reaches the fake; the
