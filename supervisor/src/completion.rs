@@ -325,6 +325,14 @@ impl Continuations {
         self.live(p.remove(&state.id)).map(|()| state)
     }
 
+    /// Whether a continuation for the call `(tool, digest)` asks for a
+    /// confirmation, whether or not it is still pending. `None`: it cannot
+    /// be opened (the codec's own expiry, checked before the contents are
+    /// read, among other reasons).
+    pub fn is_confirmation(&self, sealed: &str, tool: &str, digest: &str) -> Option<bool> {
+        self.open(sealed, tool, digest).ok().map(|s| s.confirm)
+    }
+
     /// Peek at a continuation without consuming it (a retry that carries no
     /// answer is asked again with the same state).
     pub fn check(&self, sealed: &str, tool: &str, digest: &str) -> Result<State, StateError> {
@@ -479,6 +487,15 @@ mod tests {
             State { id, tool: "t".into(), digest: "d".into(), missing: vec![], answered: Map::new(), confirm: false };
         let sealed = c.seal(&state).unwrap();
         assert_eq!(c.redeem(&sealed, "t", "d").unwrap_err(), StateError::Expired);
+        // Expired here (not by the codec), its contents stay readable.
+        assert_eq!(c.is_confirmation(&sealed, "t", "d"), Some(false));
+        let id = c.reserve().unwrap();
+        let state =
+            State { id, tool: "t".into(), digest: "d".into(), missing: vec![], answered: Map::new(), confirm: true };
+        let sealed = c.seal(&state).unwrap();
+        assert_eq!(c.check(&sealed, "t", "d").unwrap_err(), StateError::Expired);
+        assert_eq!(c.is_confirmation(&sealed, "t", "d"), Some(true));
+        assert_eq!(c.is_confirmation(&sealed, "t", "other"), None);
         let c = Continuations::new(Duration::ZERO).unwrap();
         for _ in 0..MAX_PENDING {
             assert!(c.reserve().is_some());

@@ -13,6 +13,7 @@ use rmcp::model::ProtocolVersion;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::Value;
+use snowluma_catalog::Action;
 use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
 
 use crate::completion::{self, StateError};
@@ -79,6 +80,15 @@ pub(crate) fn state_error(e: StateError) -> McpError {
     McpError::invalid_params(e.to_string(), None)
 }
 
+/// [`state_error`] for a confirmation's state: an expired or used one names
+/// `SNOWLUMA_MCP_CONFIRM_ACTIONS` (same code, -32602).
+fn confirm_state_error(action: &Action, e: StateError) -> McpError {
+    match confirm::stale_state(action, &e) {
+        Some(message) => McpError::invalid_params(message, None),
+        None => state_error(e),
+    }
+}
+
 impl ServerState {
     /// `*_with_input`: admitted like the original tool, then ask for missing
     /// required params (see `completion.rs`), then run the admitted call.
@@ -99,12 +109,29 @@ impl ServerState {
         let (action, params) = (admission.action, admission.params.to_value());
         let digest = completion::args_digest(spec.name, &args);
         // A confirmation round: the params were complete when it was asked.
-        if let Some(sealed) = &state
-            && let Ok(st) = self.continuations.check(sealed, spec.name, &digest)
-            && st.confirm
-        {
-            let admission = admission.answered(&self.gate_context(), completion::merged_args(&args, &st.answered));
-            return self.confirm_then_run(spec, admission, digest, st.answered, (responses, state), ctx, trace).await;
+        if let Some(sealed) = &state {
+            match self.continuations.check(sealed, spec.name, &digest) {
+                Ok(st) if st.confirm => {
+                    let admission =
+                        admission.answered(&self.gate_context(), completion::merged_args(&args, &st.answered));
+                    return self
+                        .confirm_then_run(spec, admission, digest, st.answered, (responses, state), ctx, trace)
+                        .await;
+                }
+                // An expired or used confirmation names the setting; a state
+                // the codec's expiry keeps closed does when the action is
+                // one to confirm.
+                Err(e @ (StateError::Expired | StateError::Reused))
+                    if self.continuations.is_confirmation(sealed, spec.name, &digest).unwrap_or(admission.confirm) =>
+                {
+                    if responses.as_ref().is_some_and(|r| r.contains_key(confirm::INPUT_KEY)) {
+                        self.audit_refusal(spec, &admission.given, action, trace, state_reason(&e), "continuation")
+                            .await;
+                    }
+                    return Err(confirm_state_error(action, e));
+                }
+                Ok(_) | Err(_) => {}
+            }
         }
         if let Some(sealed) = state {
             let response = responses.as_ref().and_then(|r| r.get(completion::INPUT_KEY));
@@ -244,7 +271,10 @@ impl ServerState {
             let response = responses.as_ref().and_then(|r| r.get(confirm::INPUT_KEY));
             let Some(response) = response else {
                 // A retry without the answer: ask again with the same state.
-                let st = self.continuations.check(&sealed, spec.name, &digest).map_err(state_error)?;
+                let st = self
+                    .continuations
+                    .check(&sealed, spec.name, &digest)
+                    .map_err(|e| confirm_state_error(action, e))?;
                 if !st.confirm {
                     return Err(state_error(StateError::Foreign));
                 }
@@ -255,7 +285,7 @@ impl ServerState {
                 Ok(_) => return Err(state_error(StateError::Foreign)),
                 Err(e) => {
                     self.audit_refusal(spec, &given, action, trace, state_reason(&e), "continuation").await;
-                    return Err(state_error(e));
+                    return Err(confirm_state_error(action, e));
                 }
             };
             drop(st);

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use snowluma_catalog::{Action, Catalog};
 use snowluma_proto::{Diagnostics, FailureKind, ToolReply};
 
+use crate::completion::StateError;
 use crate::names::PolicyError;
 
 /// The variable (named in every refusal).
@@ -190,6 +191,18 @@ pub fn refusal(action: &Action, decision: Decision, why: &str) -> ToolReply {
     )
 }
 
+/// The JSON-RPC message (-32602) for a confirmation's `requestState` that
+/// has expired or was already used: names the setting that asked for it.
+/// `None`: another refusal of a state, answered as input completion's.
+pub fn stale_state(action: &Action, e: &StateError) -> Option<String> {
+    let (lead, then) = match e {
+        StateError::Expired => ("确认请求已过期（10 分钟内未回答）", "Call again to be asked again."),
+        StateError::Reused => ("此确认已用过（每个确认至多执行一次）", "Call again for a new confirmation."),
+        StateError::Tampered | StateError::Foreign => return None,
+    };
+    Some(format!("{} 需要人工确认（{VAR}）：{lead}；未执行任何操作。{e}. {then}", action.name))
+}
+
 /// The refusal for a client that cannot answer a form.
 pub fn no_form_support(action: &Action) -> ToolReply {
     refusal(action, Decision::Unavailable, "，此客户端不支持输入表单（form elicitation）")
@@ -204,6 +217,20 @@ pub fn not_in_background(action: &Action) -> ToolReply {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    /// An expired or used confirmation names the setting; other refusals
+    /// of a state are input completion's.
+    #[test]
+    fn stale_confirmation_states_name_the_setting() {
+        let kick = Catalog::bundled().get("set_group_kick").unwrap();
+        for (e, text) in [(StateError::Expired, "expired"), (StateError::Reused, "already used")] {
+            let m = stale_state(kick, &e).unwrap();
+            assert!(m.starts_with("set_group_kick 需要人工确认（SNOWLUMA_MCP_CONFIRM_ACTIONS）"), "{m}");
+            assert!(m.contains(text) && m.contains("未执行任何操作"), "{m}");
+        }
+        assert_eq!(stale_state(kick, &StateError::Tampered), None);
+        assert_eq!(stale_state(kick, &StateError::Foreign), None);
+    }
 
     #[test]
     fn the_list_resolves_names_aliases_and_presets() {

@@ -11,7 +11,7 @@ use snowluma_catalog::{Action, FileTransfer};
 use snowluma_proto::{Diagnostics, ExecRequest, FailureKind, FileAction, JsonText, Request, ToolReply, TraceContext};
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{ActionRecord, ActionRef, AuditLog};
+use crate::audit::{ActionRecord, ActionRef, AuditLog, ToolRef};
 use crate::gates;
 use crate::idempotency::Claim;
 use crate::replies::tool_reply;
@@ -273,6 +273,22 @@ impl ServerState {
         let about = self.action_ref(spec, given, action, trace);
         if let Err(e) = log.record(ActionRecord::Refused { action: about, reason }).await {
             tracing::error!(error = %e, "cannot write an audit record for a refused {what}");
+        }
+    }
+
+    /// A `refused` audit record for a tool call that names no action
+    /// (`subscribe_events` refused by the target scope): the tool, never
+    /// the ids it named.
+    pub(crate) async fn audit_tool_refusal(&self, spec: ToolSpec, trace: &CallTrace, reason: &'static str) {
+        let Some(log) = &self.audit else { return };
+        let tool = ToolRef {
+            op_id: hex(&crate::trace::random_bytes::<16>()),
+            tool: spec.name.to_owned(),
+            mode: self.config.mode.as_str(),
+            traceparent: trace.traceparent.clone(),
+        };
+        if let Err(e) = log.record(ActionRecord::RefusedTool { tool, reason }).await {
+            tracing::error!(error = %e, "cannot write an audit record for a refused {}", spec.name);
         }
     }
 }

@@ -190,7 +190,12 @@ impl ServerHandler for SnowlumaServer {
                         Handler::SubscribeEvents => crate::events::Op::Subscribe,
                         _ => crate::events::Op::Release,
                     };
-                    crate::events::tool_call(hub, op, args).await
+                    let reply = crate::events::tool_call(hub, op, args).await;
+                    // A scope refusal is audited like the execution tools' (`out_of_scope`).
+                    if reply.diagnostics.kind == Some(FailureKind::OutOfScope) {
+                        self.state.audit_tool_refusal(spec, &trace, "out_of_scope").await;
+                    }
+                    reply
                 }
                 None => ToolReply::fail(FailureKind::NotConfigured, "未配置实时事件（需 SNOWLUMA_MCP_EVENTS_URL）。"),
             },

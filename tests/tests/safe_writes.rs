@@ -484,7 +484,9 @@ fn modern_clients_confirm_through_input_required() {
     assert!(!is_error(&done["result"]), "{done}");
     assert_eq!(e.sent("set_group_kick"), 1);
     let reused = modern_answer(&mut s, &kick(), &st, json!({"action": "accept", "content": {"confirm": true}}));
-    assert!(reused["error"]["message"].as_str().unwrap().contains("already used"), "{reused}");
+    let m = reused["error"]["message"].as_str().unwrap();
+    assert!(m.contains("already used") && m.contains("SNOWLUMA_MCP_CONFIRM_ACTIONS"), "names the setting: {reused}");
+    assert_eq!(reused["error"]["code"], -32602, "{reused}");
     let st = confirmation_state(&modern_call(&mut s, &kick(), &elicitation()));
     let declined = modern_answer(&mut s, &kick(), &st, json!({"action": "decline"}));
     assert_eq!(diag(&declined["result"])["kind"], "not_confirmed", "{declined}");
@@ -503,8 +505,29 @@ fn modern_clients_confirm_through_input_required() {
         e.spawn(&[("SNOWLUMA_MCP_CONFIRM_ACTIONS", "destructive"), ("SNOWLUMA_MCP_INPUT_CLOCK_OFFSET_MS", "601000")]);
     let st = confirmation_state(&modern_call(&mut s, &kick(), &elicitation()));
     let expired = modern_answer(&mut s, &kick(), &st, json!({"action": "accept", "content": {"confirm": true}}));
-    assert!(expired["error"]["message"].as_str().unwrap().contains("expired"), "{expired}");
-    assert_eq!(e.sent("set_group_kick"), 1);
+    let m = expired["error"]["message"].as_str().unwrap();
+    assert!(m.contains("expired") && m.contains("SNOWLUMA_MCP_CONFIRM_ACTIONS"), "names the setting: {expired}");
+    assert!(m.contains("set_group_kick") && m.contains("未执行任何操作"), "{expired}");
+    assert_eq!(expired["error"]["code"], -32602, "{expired}");
+    let refused = e.records().into_iter().rev().find(|r| r["phase"] == "refused").unwrap();
+    assert_eq!(refused["reason"], "input_expired", "{refused}");
+    // An expired input-completion state (an action not to confirm) keeps
+    // input completion's text.
+    let args = json!({"action": "send_group_msg", "params": {"group_id": 20001}});
+    let call = |extra: Value| {
+        let mut p =
+            json!({"name": "invoke_action_with_input", "arguments": args, "_meta": modern_meta_with(elicitation())});
+        p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        p
+    };
+    let first = s.request("tools/call", call(json!({})));
+    let st = first["result"]["requestState"].as_str().unwrap().to_owned();
+    let answer = json!({"action": "accept", "content": {"params_json": "{\"message\": \"hi\"}"}});
+    let input = s.request("tools/call", call(json!({"requestState": st, "inputResponses": {"params": answer}})));
+    let m = input["error"]["message"].as_str().unwrap();
+    assert!(m.contains("expired") && !m.contains("SNOWLUMA_MCP_CONFIRM_ACTIONS"), "{input}");
+    assert_eq!(input["error"]["code"], -32602, "{input}");
+    assert_eq!((e.sent("set_group_kick"), e.sent("send_group_msg")), (1, 0));
 }
 
 /// invoke_action_with_input: missing params first, then the confirmation;
@@ -575,6 +598,8 @@ fn modern_input_then_confirmation() {
     assert_eq!(bodies, [json!({"action": "set_group_kick", "params": {"group_id": 20001, "user_id": 30001}})]);
     let again = s.request("tools/call", call(json!({"requestState": st, "inputResponses": {"confirm": yes}})));
     assert_eq!(again["error"]["code"], -32602, "one-shot: {again}");
+    let m = again["error"]["message"].as_str().unwrap();
+    assert!(m.contains("already used") && m.contains("SNOWLUMA_MCP_CONFIRM_ACTIONS"), "names the setting: {again}");
     assert_eq!(e.sent("set_group_kick"), 1);
 }
 

@@ -316,10 +316,14 @@ fn answers_to_with_input_are_checked_against_the_scope() {
     assert_eq!(sent(&fake, "send_group_msg"), 1);
 }
 
-/// Subscriptions name only in-scope ids; events outside the scope never
-/// enter a buffer (a group event by its group, a private one by its user).
+/// Subscriptions name only in-scope ids, each refusal audited (`refused`,
+/// `out_of_scope`, the tool and no ids) in a log `audit verify` accepts;
+/// events outside the scope never enter a buffer (a group event by its
+/// group, a private one by its user).
 #[test]
 fn events_outside_the_scope_never_enter_a_buffer() {
+    let dir = temp_dir("events");
+    let log = dir.join("audit.log");
     let fake = Fake::start(Some("t"));
     let ev = fake.start_events(Some("t"), 10001);
     let url = fake.fake.url();
@@ -331,6 +335,7 @@ fn events_outside_the_scope_never_enter_a_buffer() {
         ("SNOWLUMA_MCP_EVENTS_URL", ws.as_str()),
         ("SNOWLUMA_MCP_ALLOW_GROUPS", "20001"),
         ("SNOWLUMA_MCP_ALLOW_USERS", "30001"),
+        ("SNOWLUMA_MCP_AUDIT_LOG", log.to_str().unwrap()),
     ]);
     s.initialize("2025-11-25");
     for args in [json!({"self_id": 10001, "group_ids": [20001, 20002]}), json!({"self_id": 10001, "user_ids": [30002]})]
@@ -339,6 +344,19 @@ fn events_outside_the_scope_never_enter_a_buffer() {
         assert!(is_error(&r));
         assert_eq!(diag(&r)["kind"], "out_of_scope", "{r}");
     }
+    let refused = refused_records(&log, "out_of_scope");
+    assert_eq!(refused.len(), 2, "every refusal is audited with its reason: {refused:?}");
+    let open: Value = serde_json::from_str(std::fs::read_to_string(&log).unwrap().lines().next().unwrap()).unwrap();
+    for rec in &refused {
+        assert_eq!((&rec["tool"], &rec["mode"]), (&json!("subscribe_events"), &json!("read")), "{rec}");
+        assert!(rec.get("action").is_none() && rec.get("canonical").is_none(), "no action: {rec}");
+        assert_eq!((rec.get("peer"), rec.get("principal")), (open.get("peer"), open.get("principal")), "{rec}");
+        let text = rec.to_string();
+        assert!(!text.contains("20002") && !text.contains("30002"), "never the ids: {text}");
+    }
+    let out = std::process::Command::new(bin_path()).arg("audit").arg("verify").arg(&log).env_clear().bounded_output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "audit verify: {}", String::from_utf8_lossy(&out.stderr));
     let r = s.call("subscribe_events", json!({"self_id": 10001}));
     assert!(!is_error(&r), "{r}");
     assert_eq!(structured(&r)["result"]["status"]["state"], "connected", "{r}");

@@ -58,7 +58,7 @@ use crate::trace::hex;
 pub use append::AuditLog;
 pub use key::{KeySource, key_path, keygen, read_key};
 pub use reanchor::reanchor;
-pub use record::{ActionRecord, ActionRef, Peer, Principal};
+pub use record::{ActionRecord, ActionRef, Peer, Principal, ToolRef};
 pub use verify::{VerifyError, verify};
 
 #[derive(Debug, thiserror::Error)]

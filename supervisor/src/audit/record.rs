@@ -120,6 +120,17 @@ pub struct ActionRef {
     pub traceparent: String,
 }
 
+/// Which tool a refusal that names no action is about (`subscribe_events`
+/// refused by the target scope): the fields of [`ActionRef`] without
+/// `action`, `canonical` and `read_only`. The refused ids are never named.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ToolRef {
+    pub op_id: String,
+    pub tool: String,
+    pub mode: &'static str,
+    pub traceparent: String,
+}
+
 /// The records of one execution, typed: what the audit log says about an
 /// action, field by field (serialized in this order after the chain's own
 /// fields; `phase` names the variant).
@@ -130,6 +141,16 @@ pub enum ActionRecord {
     Refused {
         #[serde(flatten)]
         action: ActionRef,
+        reason: &'static str,
+    },
+    /// Refused by the operator's policy, for a tool call that names no
+    /// action (`subscribe_events`): a `refused` record with the tool's
+    /// fields only. `audit verify` checks the chain and MACs, not which
+    /// fields a record has, so logs with and without it verify alike.
+    #[serde(rename = "refused")]
+    RefusedTool {
+        #[serde(flatten)]
+        tool: ToolRef,
         reason: &'static str,
     },
     /// The human's answer to a confirmation (`SNOWLUMA_MCP_CONFIRM_ACTIONS`),
@@ -240,5 +261,28 @@ mod tests {
         let d1 = log.params_digest(&json!({"a": 1, "b": 2}));
         assert_eq!(d1, log.params_digest(&json!({"b": 2, "a": 1})));
         assert!(d1.starts_with("hmac-sha256:") && d1.len() == 76);
+    }
+
+    /// A refusal that names no action is a `refused` record with the tool's
+    /// fields only, in a log that verifies beside the older records.
+    #[test]
+    fn a_tool_refusal_is_a_refused_record_without_an_action() {
+        let dir = Dir::new("tool-refusal");
+        let path = written(&dir, 1);
+        let log = AuditLog::open(&path, &KeySource::BesideLog, None, "read").unwrap();
+        let tool =
+            ToolRef { op_id: "op".into(), tool: "subscribe_events".into(), mode: "read", traceparent: "tp".into() };
+        log.append_blocking(ActionRecord::RefusedTool { tool, reason: "out_of_scope" }.into_map().unwrap()).unwrap();
+        drop(log);
+        let ok = verify(&path, key_of(&path)).unwrap();
+        assert_eq!((ok.records, ok.head, ok.macs), (4, HeadCheck::Matches, MacCheck::Checked));
+        let last: Value = serde_json::from_str(lines_of(&path).last().unwrap()).unwrap();
+        assert_eq!(
+            (&last["phase"], &last["tool"], &last["reason"], &last["mode"]),
+            (&json!("refused"), &json!("subscribe_events"), &json!("out_of_scope"), &json!("read"))
+        );
+        for absent in ["action", "canonical", "read_only", "params_digest"] {
+            assert!(last.get(absent).is_none(), "{absent}: {last}");
+        }
     }
 }
