@@ -178,6 +178,22 @@ impl ServerState {
             };
             return self.confirm_then_run(spec, admission, digest, answered, (None, None), ctx, trace).await;
         }
+        self.first_round(spec, args, admission, digest, ctx, trace).await
+    }
+
+    /// The call's first round (no `requestState`): run it if its params are
+    /// complete, else ask for the missing ones (modern: `input_required`;
+    /// legacy: `elicitation/create` within the call).
+    async fn first_round(
+        &self,
+        spec: ToolSpec,
+        args: Value,
+        admission: Admission,
+        digest: String,
+        ctx: &RequestContext<RoleServer>,
+        trace: &CallTrace,
+    ) -> Result<Completion, McpError> {
+        let (action, params) = (admission.action, admission.params.to_value());
         let mut missing = completion::missing(action, &params);
         if admission.input_file.is_some() {
             // The server sets these itself for an automatic upload.

@@ -62,6 +62,25 @@ impl SnowlumaServer {
     }
 }
 
+impl SnowlumaServer {
+    /// `subscribe_events` / `unsubscribe_events`; a scope refusal is
+    /// audited like the execution tools' (`out_of_scope`).
+    async fn events_call(&self, spec: tools::ToolSpec, args: Value, trace: &CallTrace) -> ToolReply {
+        let Some(hub) = &self.state.events else {
+            return ToolReply::fail(FailureKind::NotConfigured, "未配置实时事件（需 SNOWLUMA_MCP_EVENTS_URL）。");
+        };
+        let op = match spec.handler {
+            Handler::SubscribeEvents => crate::events::Op::Subscribe,
+            _ => crate::events::Op::Release,
+        };
+        let reply = crate::events::tool_call(hub, op, args).await;
+        if reply.diagnostics.kind == Some(FailureKind::OutOfScope) {
+            self.state.audit_tool_refusal(spec, trace, "out_of_scope").await;
+        }
+        reply
+    }
+}
+
 impl ServerHandler for SnowlumaServer {
     fn get_info(&self) -> ServerConfig {
         // Resource subscriptions (modern listen, legacy subscribe) exist
@@ -184,21 +203,7 @@ impl ServerHandler for SnowlumaServer {
             _ if !spec.modes.contains(self.state.config.mode) => gates::mode_refusal(spec.modes),
             Handler::Doc => self.state.doc_call(spec.name, text_args, &ctx.ct).await,
             Handler::RuntimeInfo => crate::runtime::runtime_info(&self.state, args, &ctx.ct, &trace).await,
-            Handler::SubscribeEvents | Handler::UnsubscribeEvents => match &self.state.events {
-                Some(hub) => {
-                    let op = match spec.handler {
-                        Handler::SubscribeEvents => crate::events::Op::Subscribe,
-                        _ => crate::events::Op::Release,
-                    };
-                    let reply = crate::events::tool_call(hub, op, args).await;
-                    // A scope refusal is audited like the execution tools' (`out_of_scope`).
-                    if reply.diagnostics.kind == Some(FailureKind::OutOfScope) {
-                        self.state.audit_tool_refusal(spec, &trace, "out_of_scope").await;
-                    }
-                    reply
-                }
-                None => ToolReply::fail(FailureKind::NotConfigured, "未配置实时事件（需 SNOWLUMA_MCP_EVENTS_URL）。"),
-            },
+            Handler::SubscribeEvents | Handler::UnsubscribeEvents => self.events_call(spec, args, &trace).await,
             Handler::Background => {
                 ToolReply::fail(FailureKind::Execution, "后台任务需要写模式（SNOWLUMA_MCP_MODE=write）。".to_owned())
             }
