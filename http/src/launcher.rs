@@ -3,7 +3,10 @@
 //! request starts one ordinary stdio server per session with a socketpair
 //! as its stdin and stdout, passing the other end back (SCM_RIGHTS). It
 //! reaps every child and kills a session's process group when the session
-//! does not end within the grace period after the front let it go.
+//! does not end within the grace period after the front let it go. With
+//! send pacing on, it keeps one memfd per token id and hands it to every
+//! session tree of that token (`snowluma_proto::session::PACING_FD`), so
+//! that they pace as one window; it never reads it.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
