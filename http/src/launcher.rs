@@ -3,11 +3,14 @@
 //! request starts one ordinary stdio server per session with a socketpair
 //! as its stdin and stdout, passing the other end back (SCM_RIGHTS). It
 //! reaps every child and kills a session's process group when the session
-//! does not end within the grace period after the front let it go.
+//! does not end within the grace period after the front let it go. With
+//! send pacing on, it keeps one memfd per token id and hands it to every
+//! session tree of that token (`snowluma_proto::session::PACING_FD`), so
+//! that they pace as one window; it never reads it.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -72,7 +75,12 @@ pub fn run(cli: &Cli, opts: &ServeHttpArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
-    let serving = Serving { filter, session_args: session_args(cli), token_file: opts.http_token_file.clone() };
+    let serving = Serving {
+        filter,
+        session_args: session_args(cli),
+        token_file: opts.http_token_file.clone(),
+        paced: config.pacing.interval_ms > 0 || config.pacing.bucket(),
+    };
     let code = rt.block_on(start_and_serve(&prepared, setup, serving));
     if let Listener::Unix(_, path) = &prepared.listener {
         let _ = std::fs::remove_file(path);
@@ -95,6 +103,8 @@ struct Serving {
     filter: String,
     session_args: Vec<OsString>,
     token_file: std::path::PathBuf,
+    /// Send pacing is on: each token's sessions share one pacing state.
+    paced: bool,
 }
 
 /// Check the options, read the token and TLS files, bind the listener, and
@@ -318,7 +328,8 @@ async fn serve(
 ) -> ExitCode {
     let Signals { mut hup, mut term, mut int } = signals;
     let (exited_tx, mut exited_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-    let mut launcher = Launcher { control, sessions: HashMap::new(), next_session: 1, exited_tx, serving };
+    let mut launcher =
+        Launcher { control, sessions: HashMap::new(), next_session: 1, exited_tx, serving, pacing: HashMap::new() };
     let local = tokio::task::LocalSet::new();
     local
         .run_until(async {
@@ -366,6 +377,9 @@ struct Launcher {
     /// Told a session's number when its leader has exited.
     exited_tx: tokio::sync::mpsc::UnboundedSender<u64>,
     serving: Serving,
+    /// Each token id's send-pacing state (a memfd), handed to every session
+    /// tree of that token so that they pace as one window.
+    pacing: HashMap<String, OwnedFd>,
 }
 
 impl Launcher {
@@ -374,7 +388,15 @@ impl Launcher {
     async fn spawn(&mut self, req: u64, token_id: &str, peer: &str) -> Result<(), ControlError> {
         let n = self.next_session;
         self.next_session += 1;
-        match spawn_session(&self.serving.session_args, token_id, peer) {
+        if let Err(e) = self.ensure_pacing_state(token_id) {
+            // Without it the token's sessions would not share a window: no
+            // session rather than a weaker limit.
+            tracing::error!(error = %e, "serve-http: cannot create a pacing state; the session is not started");
+            let _ = self.control.send(&ToFront::SpawnFailed { req }, None).await;
+            return Ok(());
+        }
+        let pacing = self.pacing.get(token_id).map(|fd| fd.as_fd());
+        match spawn_session(&self.serving.session_args, token_id, peer, pacing) {
             Ok((mut child, theirs)) => {
                 let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
                     let _ = self.control.send(&ToFront::SpawnFailed { req }, None).await;
@@ -395,6 +417,20 @@ impl Launcher {
                 Ok(())
             }
         }
+    }
+
+    /// The token's pacing state, created (zeroed, at its fixed size) on its
+    /// first session; none when pacing is off.
+    fn ensure_pacing_state(&mut self, token_id: &str) -> std::io::Result<()> {
+        use nix::sys::memfd::{MFdFlags, memfd_create};
+        use snowluma_proto::session::PACING_STATE_SIZE;
+        if self.serving.paced && !self.pacing.contains_key(token_id) {
+            let fd = memfd_create(c"snowluma-mcp-pacing", MFdFlags::MFD_CLOEXEC)?;
+            let size = i64::try_from(PACING_STATE_SIZE).map_err(std::io::Error::other)?;
+            nix::unistd::ftruncate(&fd, size)?;
+            self.pacing.insert(token_id.to_owned(), fd);
+        }
+        Ok(())
     }
 
     /// `End`: kill what is left of the session's process group if it has not
@@ -430,10 +466,13 @@ impl Launcher {
     /// SIGHUP: re-read the token file and send the new set (a file that
     /// does not load leaves the old one). `Err`: the front can no longer be
     /// told.
-    async fn reload_tokens(&self) -> Result<(), ControlError> {
+    async fn reload_tokens(&mut self) -> Result<(), ControlError> {
         match options::load_tokens(&self.serving.token_file) {
             Ok(tokens) => {
                 tracing::info!(tokens = tokens.len(), "serve-http: access tokens re-read (SIGHUP)");
+                // A removed token's pacing state goes (its trees, revoked,
+                // hold their own copies until they end).
+                self.pacing.retain(|id, _| tokens.iter().any(|t| t.id == *id));
                 self.control.send(&ToFront::Tokens(tokens), None).await
             }
             Err(e) => {
@@ -474,6 +513,7 @@ fn spawn_session(
     args: &[OsString],
     token_id: &str,
     peer: &str,
+    pacing: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> std::io::Result<(snowluma_sandbox::exec::Child, std::os::unix::net::UnixStream)> {
     use snowluma_sandbox::exec::{Child, Exe, ExecSpec};
     use std::os::fd::AsFd;
@@ -483,9 +523,20 @@ fn spawn_session(
     for a in args {
         argv.push(std::ffi::CString::new(a.as_bytes())?);
     }
+    use snowluma_proto::session::{PACING_FD, PACING_FD_VAR};
+    use snowluma_sandbox::exec::env_entry;
     let principal = format!("{token_id} {peer}");
-    let envp = snowluma_sandbox::exec::inherited_env_with(super::PRINCIPAL_VAR.as_ref(), principal.as_ref())?;
-    let fds = [(0, ours.as_fd()), (1, ours.as_fd())];
+    let ours_internal = |k: &std::ffi::OsStr| k == super::PRINCIPAL_VAR || k == PACING_FD_VAR;
+    let mut envp = Vec::new();
+    for (k, v) in std::env::vars_os().filter(|(k, _)| !ours_internal(k)) {
+        envp.push(env_entry(&k, &v)?);
+    }
+    envp.push(env_entry(super::PRINCIPAL_VAR.as_ref(), principal.as_ref())?);
+    let mut fds = vec![(0, ours.as_fd()), (1, ours.as_fd())];
+    if let Some(fd) = pacing {
+        envp.push(env_entry(PACING_FD_VAR.as_ref(), PACING_FD.to_string().as_ref())?);
+        fds.push((PACING_FD, fd));
+    }
     let spec = ExecSpec {
         exe: Exe::Path(c"/proc/self/exe"),
         argv: &argv,

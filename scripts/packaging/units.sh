@@ -14,11 +14,12 @@
 # self-confinement (prctl, Landlock, seccomp), the shared audit log (flock,
 # fdatasync, ftruncate, pwrite64), the audit peer (getsockopt SO_PEERCRED) and file transfer
 # (openat2 beneath a directory descriptor, renameat2 RENAME_NOREPLACE,
-# descriptors passed with sendmsg/recvmsg) and serve-http's listener (bind,
-# listen, accept4).
+# descriptors passed with sendmsg/recvmsg), serve-http's listener (bind,
+# listen, accept4) and its per-token pacing state (the launcher's memfd_create;
+# the sessions' flock, pread64, pwrite64 on it).
 REQUIRED_SYSCALLS="socketpair clone clone3 close_range execveat prctl landlock_create_ruleset landlock_add_rule
     landlock_restrict_self seccomp flock fdatasync ftruncate pwrite64 getsockopt openat2 renameat2 sendmsg recvmsg
-    bind listen accept4"
+    bind listen accept4 memfd_create pread64"
 
 section "systemd units: systemd-analyze verify"
 # An alternative root holding the host's own units (for sysinit.target and

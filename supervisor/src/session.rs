@@ -51,6 +51,7 @@ pub(crate) async fn run(started: Started, (sock, pid): Spawner) -> Result<Ended,
         resolved,
         events_resolved,
         relayed,
+        pacing,
     } = started;
     let spec = Arc::new(SpawnSpec { spawner, log_filter: config.worker_log_filter(), grants, fatal: fatal.clone() });
     let catalog = WorkerSlot::start(
@@ -81,7 +82,7 @@ pub(crate) async fn run(started: Started, (sock, pid): Spawner) -> Result<Ended,
         _ => None,
     };
     let slots = Slots { catalog, network, files, tasks: task_slot };
-    let (server, hub, task_service) = build_server(config, policy, audit, &slots, paths, task_owner)?;
+    let (server, hub, task_service) = build_server(config, policy, audit, &slots, paths, task_owner, pacing)?;
     let info = serde_json::to_value(server::implementation())?;
     let transport = crate::transport::LineTransport::stdio(info, server.audit_enabled()).relayed(relayed);
     let stdout = transport.stdout_state();
@@ -172,6 +173,7 @@ fn build_server(
     slots: &Slots,
     paths: transfers::TransferPaths,
     task_owner: Option<String>,
+    pacing: Option<crate::pacing::SharedWindow>,
 ) -> Result<Built, Box<dyn std::error::Error>> {
     let timeout = std::time::Duration::from_millis(config.timeout_ms);
     let transfer_service = match (&slots.files, &slots.network) {
@@ -234,6 +236,7 @@ fn build_server(
             events: hub.clone(),
             keys,
             scope,
+            pacing,
         },
     );
     Ok((server, hub, task_service))
@@ -331,6 +334,8 @@ pub(crate) struct Started {
     pub(crate) events_resolved: Vec<std::net::SocketAddr>,
     /// A session the serve-http launcher started (behind its front).
     pub(crate) relayed: bool,
+    /// The HTTP principal's shared pacing window, when the launcher handed one.
+    pub(crate) pacing: Option<crate::pacing::SharedWindow>,
 }
 
 /// How a session ended without an error of its own.

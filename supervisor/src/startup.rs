@@ -97,6 +97,9 @@ fn start(cli: &Cli) -> Result<(Started, Spawner), Stop> {
         _ => None,
     };
     let relayed = matches!(principal, Some(audit::Principal::Http { .. }));
+    // The principal's shared pacing state: its number now (scrubbed), the
+    // descriptor itself once the spawner is forked.
+    let pacing_fd = take_pacing_var(relayed);
     let audit = open_audit(&config, principal)?;
     // Confinement, before the runtime exists (Landlock restricts the calling
     // thread and its future children only).
@@ -115,6 +118,7 @@ fn start(cli: &Cli) -> Result<(Started, Spawner), Stop> {
     let resolved = resolve_endpoint(config.endpoint.as_ref());
     let events_resolved = resolve_endpoint(config.events_url.as_ref());
     let spawner = fork_spawner(&grants, transfer_dirs.as_ref(), task_dir.as_deref())?;
+    let pacing = pacing_fd.and_then(open_pacing_window);
     let (token, events_token) = read_tokens(cli, &config)?;
     // The task directory's scope: a digest of the effective mode, endpoint
     // and token, computed now, before the token is handed over and wiped.
@@ -146,6 +150,7 @@ fn start(cli: &Cli) -> Result<(Started, Spawner), Stop> {
         resolved,
         events_resolved,
         relayed,
+        pacing,
     };
     Ok((started, spawner))
 }
@@ -323,6 +328,56 @@ fn take_session_principal() -> Option<audit::Principal> {
         return None;
     }
     Some(audit::Principal::Http { token_id: token_id.to_owned(), peer: peer.to_owned() })
+}
+
+/// The number of the descriptor the serve-http launcher placed with this
+/// session's principal's pacing state, if it named one (the variable is
+/// scrubbed either way). Without a principal (a server someone else
+/// started, e.g. from a shell) it is ignored: the window stays this
+/// runtime's.
+fn take_pacing_var(relayed: bool) -> Option<std::os::fd::RawFd> {
+    use snowluma_proto::session::{PACING_FD, PACING_FD_VAR};
+    let raw = std::env::var_os(PACING_FD_VAR)?;
+    secret::scrub_env(PACING_FD_VAR);
+    if !relayed {
+        tracing::warn!(
+            "{PACING_FD_VAR} is set outside a serve-http session; ignored, the pacing window is per runtime"
+        );
+        return None;
+    }
+    if raw.to_str().and_then(|s| s.parse().ok()) != Some(PACING_FD) {
+        tracing::warn!(
+            "{PACING_FD_VAR} does not name the pacing descriptor; ignored, the pacing window is per runtime"
+        );
+        return None;
+    }
+    Some(PACING_FD)
+}
+
+/// The shared pacing window from the launcher's descriptor, reopened
+/// (close-on-exec, an open file description of our own for `flock`); the
+/// inherited descriptor is closed. Called after the spawner is forked (its
+/// close loop drops the copy it inherited) and before confinement (the
+/// reopening goes through `/proc/self/fd`). Unfit: a warning, and the
+/// window is this runtime's.
+fn open_pacing_window(fd: std::os::fd::RawFd) -> Option<crate::pacing::SharedWindow> {
+    use std::os::fd::{AsFd, FromRawFd};
+    // SAFETY: F_GETFD only asks whether `fd` is open; it touches nothing.
+    if unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) } < 0 {
+        tracing::warn!("the serve-http pacing descriptor is not open; the pacing window is per runtime");
+        return None;
+    }
+    // SAFETY: the descriptor is open, was placed for this process by the
+    // launcher (a principal is set) and nothing else in it uses or owns it;
+    // it is closed when this function returns.
+    let inherited = unsafe { OwnedFd::from_raw_fd(fd) };
+    match crate::pacing::SharedWindow::open(inherited.as_fd()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(error = %e, "the serve-http pacing descriptor is not usable; the pacing window is per runtime");
+            None
+        }
+    }
 }
 
 /// The connecting peer when stdin is a unix socket (systemd `Accept=yes`).

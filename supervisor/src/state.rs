@@ -40,6 +40,9 @@ pub struct Services {
     pub keys: Arc<crate::idempotency::Keys>,
     /// The operator's target scope (shared with the event hub).
     pub scope: Arc<Scope>,
+    /// The HTTP principal's shared pacing window (a serve-http session the
+    /// launcher handed one); otherwise the window is this runtime's.
+    pub pacing: Option<crate::pacing::SharedWindow>,
 }
 
 pub struct ServerState {
@@ -61,7 +64,7 @@ pub struct ServerState {
     pub(crate) keys: Arc<crate::idempotency::Keys>,
     /// The operator's target scope (`scope.rs`).
     pub(crate) scope: Arc<Scope>,
-    /// This runtime's send pacing (`pacing.rs`).
+    /// This runtime's (or its HTTP principal's) send pacing (`pacing.rs`).
     pub(crate) pacer: Pacer,
 }
 
@@ -73,8 +76,11 @@ impl ServerState {
         audit: Option<AuditLog>,
         services: Services,
     ) -> ServerState {
-        let Services { transfers, continuations, tasks, events, keys, scope } = services;
-        let pacer = Pacer::new(config.pacing);
+        let Services { transfers, continuations, tasks, events, keys, scope, pacing } = services;
+        let pacer = match pacing {
+            Some(shared) => Pacer::shared(config.pacing, shared),
+            None => Pacer::new(config.pacing),
+        };
         ServerState {
             config,
             workers,

@@ -2624,7 +2624,7 @@ fn tool_result(r: &Reply) -> Value {
 /// while another legacy session of the same token has its own window (what
 /// the README states), and a token's modern requests share one tree.
 #[test]
-fn scope_and_pacing_hold_over_http_with_a_window_per_session_tree() {
+fn scope_and_pacing_hold_over_http_with_a_window_per_principal() {
     let dir = temp_dir("safety");
     let fake = Fake::start(Some("t"));
     let url = fake.fake.url();
@@ -2648,18 +2648,25 @@ fn scope_and_pacing_hold_over_http_with_a_window_per_session_tree() {
     assert_eq!(kind(&r), "rate_limited");
     assert!(tool_result(&r)["structuredContent"]["diagnostics"]["retry_after_ms"].as_u64().unwrap() > 0);
     assert_eq!(sends(), 1);
-    // Another legacy session of the same token: its own tree, its own window.
+    // Another legacy session of the same token: its own tree, but the
+    // token's window.
     let b = s.initialize(ALICE);
-    assert_eq!(tool_result(&s.call(ALICE, &b, 2, "invoke_action", send(20001)))["isError"], false);
-    assert_eq!(sends(), 2);
-    // Modern: the token's requests share one tree, whatever the connection.
-    let call = |id: i64, args: Value| {
-        s.modern(ALICE, id, "tools/call", Some("invoke_action"), json!({"name": "invoke_action", "arguments": args}))
+    assert_eq!(kind(&s.call(ALICE, &b, 2, "invoke_action", send(20001))), "rate_limited");
+    assert_eq!(sends(), 1);
+    // Modern: the token's requests share one tree, and that tree the
+    // token's window too.
+    let call = |token: &str, id: i64, args: Value| {
+        s.modern(token, id, "tools/call", Some("invoke_action"), json!({"name": "invoke_action", "arguments": args}))
     };
-    assert_eq!(kind(&call(5, send(20002))), "out_of_scope");
-    assert_eq!(tool_result(&call(6, send(20001)))["isError"], false);
-    assert_eq!(kind(&call(7, send(20001))), "rate_limited");
-    assert_eq!(sends(), 3);
+    assert_eq!(kind(&call(ALICE, 5, send(20002))), "out_of_scope");
+    assert_eq!(kind(&call(ALICE, 6, send(20001))), "rate_limited");
+    assert_eq!(sends(), 1);
+    // Another token: another principal, another window.
+    let c = s.initialize(BOB);
+    assert_eq!(tool_result(&s.call(BOB, &c, 2, "invoke_action", send(20001)))["isError"], false);
+    assert_eq!(kind(&s.call(BOB, &c, 3, "invoke_action", send(20001))), "rate_limited");
+    assert_eq!(kind(&call(BOB, 7, send(20001))), "rate_limited", "the token's modern tree shares its window");
+    assert_eq!(sends(), 2);
     let info = s.modern(
         ALICE,
         8,
@@ -2669,5 +2676,5 @@ fn scope_and_pacing_hold_over_http_with_a_window_per_session_tree() {
     );
     let info = &tool_result(&info)["structuredContent"]["result"];
     assert_eq!(info["scope"]["groups"]["count"], 1);
-    assert!(info["pacing"]["window"].as_str().unwrap().contains("per session tree"));
+    assert!(info["pacing"]["window"].as_str().unwrap().contains("per HTTP principal"));
 }
