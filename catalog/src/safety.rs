@@ -100,6 +100,83 @@ pub const SPANNING: &[&str] = &[
     "send_packet",
 ];
 
+/// Actions that name no group, user or message (no marked or unmarked
+/// target, no `message` parameter) and do not span chats: a target scope
+/// lets them run (README, "Target scope", says why for each kind). Every
+/// catalog action is targeted, in [`SPANNING`], or here, so an action
+/// upstream adds is decided, never let through silently (a test).
+pub const UNTARGETED: &[&str] = &[
+    "_get_model_show",
+    "_set_model_show",
+    ".get_word_slices",
+    "add_custom_face",
+    "bot_exit",
+    "can_send_image",
+    "can_send_record",
+    "check_url_safely",
+    "clean_cache",
+    "clean_stream_temp_file",
+    "create_collection",
+    "create_flash_task",
+    "delete_custom_face",
+    "delete_flash_file",
+    "delete_qzone_msg",
+    "download_file",
+    "download_file_image_stream",
+    "download_file_record_stream",
+    "download_file_stream",
+    "download_fileset",
+    "fetch_custom_face",
+    "fetch_custom_face_detail",
+    "fetch_face_entity",
+    "fetch_super_face_id",
+    "fetch_sys_faces",
+    "get_clientkey",
+    "get_collection_list",
+    "get_cookies",
+    "get_credentials",
+    "get_csrf_token",
+    "get_file",
+    "get_fileset_id",
+    "get_fileset_info",
+    "get_flash_file_list",
+    "get_flash_file_url",
+    "get_forward_msg",
+    "get_friend_list",
+    "get_friends_with_category",
+    "get_group_list",
+    "get_image",
+    "get_login_info",
+    "get_mini_app_ark",
+    "get_online_clients",
+    "get_record",
+    "get_rkey",
+    "get_rkey_server",
+    "get_share_link",
+    "get_status",
+    "get_unidirectional_friend_list",
+    "get_version_info",
+    "list_filesets",
+    "modify_custom_face",
+    "move_custom_face_to_front",
+    "nc_get_packet_status",
+    "ocr_image",
+    "rename_flash_file",
+    "request_decrypt_key",
+    "search_sys_faces",
+    "set_diy_online_status",
+    "set_group_anonymous",
+    "set_group_anonymous_ban",
+    "set_online_status",
+    "set_qq_avatar",
+    "set_qq_profile",
+    "set_restart",
+    "set_self_longnick",
+    "test_download_stream",
+    "translate_en2zh",
+    "upload_file_stream",
+];
+
 /// Whether the action sends or broadcasts ([`SENDS`]).
 pub fn sends(action: &Action) -> bool {
     SENDS.contains(&action.name.as_str())
@@ -147,7 +224,7 @@ mod tests {
     #[test]
     fn every_listed_action_and_parameter_is_in_the_catalog() {
         let c = Catalog::bundled();
-        let names = SENDS.iter().chain(SPANNING).chain(MESSAGE_CURSORS);
+        let names = SENDS.iter().chain(SPANNING).chain(MESSAGE_CURSORS).chain(UNTARGETED);
         for n in names {
             assert!(c.actions.iter().any(|a| a.name == *n), "{n} is not a catalog action");
         }
@@ -174,5 +251,19 @@ mod tests {
         assert_eq!((t.len(), m), (2, vec!["messages", "message"]));
         assert!(targets(get("get_group_list")).0.is_empty());
         assert!(sends(get("send_like")) && !sends(get("get_status")));
+    }
+
+    /// No silent gap: every catalog action names a target the scope checks,
+    /// spans chats (refused under a scope), or is decided as untargeted;
+    /// an untargeted one names no target after all.
+    #[test]
+    fn every_action_is_decided_for_the_scope() {
+        for a in &Catalog::bundled().actions {
+            let (marked, messages) = targets(a);
+            let targeted = !marked.is_empty() || !messages.is_empty();
+            let decided = targeted || spans(a) || UNTARGETED.contains(&a.name.as_str());
+            assert!(decided, "{}: no target, not spanning, not in UNTARGETED: decide it", a.name);
+            assert!(!(targeted && UNTARGETED.contains(&a.name.as_str())), "{} names a target", a.name);
+        }
     }
 }
