@@ -223,7 +223,9 @@ impl Drop for HttpServer {
 }
 
 /// `snowluma-mcp serve-http --listen LISTEN --http-token-file FILE` with
-/// exactly the mode's environment (nothing inherited but PATH).
+/// exactly the mode's environment (nothing inherited but PATH). Send
+/// pacing is off: each client sends to one group in both eras, through one
+/// token whose trees share a pacing window (pacing is tested in `http.rs`).
 fn serve_http_command(env: &ServerEnv, token_file: &Path, listen: &str) -> Command {
     let mut cmd = Command::new(bin_path());
     cmd.arg("serve-http")
@@ -233,7 +235,9 @@ fn serve_http_command(env: &ServerEnv, token_file: &Path, listen: &str) -> Comma
         .arg(token_file)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("SNOWLUMA_MCP_MODE", env.mode);
+        .env("SNOWLUMA_MCP_MODE", env.mode)
+        .env("SNOWLUMA_MCP_SEND_INTERVAL_MS", "0")
+        .env("SNOWLUMA_MCP_SEND_BURST", "0");
     if let Some(e) = &env.endpoint {
         cmd.env("SNOWLUMA_MCP_ENDPOINT", e);
     }
