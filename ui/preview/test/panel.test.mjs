@@ -56,7 +56,15 @@ let hostScript;
 const sessions = {};
 
 async function session(mode) {
-  const env = { PATH: process.env.PATH ?? "/usr/bin:/bin", SNOWLUMA_MCP_MODE: mode, SNOWLUMA_MCP_LOG: "warn" };
+  // Send pacing off: the write session sends to one group several times in
+  // a few seconds on purpose (pacing is tested in tests/tests/safety.rs).
+  const env = {
+    PATH: process.env.PATH ?? "/usr/bin:/bin",
+    SNOWLUMA_MCP_MODE: mode,
+    SNOWLUMA_MCP_LOG: "warn",
+    SNOWLUMA_MCP_SEND_INTERVAL_MS: "0",
+    SNOWLUMA_MCP_SEND_BURST: "0",
+  };
   if (mode !== "docs") env.SNOWLUMA_MCP_ENDPOINT = need("PREVIEW_ENDPOINT");
   const client = new Client(
     { name: "snowluma-preview-test-host", version: "1.0.0" },
