@@ -151,8 +151,8 @@ done
 # ---------------------------------------------------------------------------
 section "environment template and client snippets"
 vars=$({ grep -oE '^\| `SNOWLUMA_MCP_[A-Z_]+`' README.md | tr -d '|` '
-         grep -ohE 'env = "SNOWLUMA_MCP_[A-Z_]+"' supervisor/src/*.rs | sed 's/.*"\(.*\)"/\1/'; } | sort -u)
-[[ -n $vars ]] || fail "found no SNOWLUMA_MCP_* variables in README.md or supervisor/src"
+         grep -ohE 'env = "SNOWLUMA_MCP_[A-Z_]+"' config/src/*.rs | sed 's/.*"\(.*\)"/\1/'; } | sort -u)
+[[ -n $vars ]] || fail "found no SNOWLUMA_MCP_* variables in README.md or config/src"
 missing=""
 for v in $vars; do grep -qE "^#$v=" "$env_file" || missing+=" $v"; done
 if [[ -z $missing ]]; then ok "$env_file documents all $(wc -w <<<"$vars") variables"; else fail "$env_file lacks:$missing"; fi
