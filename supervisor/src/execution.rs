@@ -100,15 +100,10 @@ impl ServerState {
         admission: Admission,
         trace: &CallTrace,
     ) -> Result<Admission, ToolReply> {
-        let refused = match admission.ready(&self.gate_context()) {
-            Ok(admission) => return Ok(admission),
-            Err(refused) => refused,
-        };
-        if let (Some(reason), Some(audited)) = (refused.audit_reason(), &refused.audited) {
-            let (given, action) = &**audited;
-            self.audit_refusal(spec, given, action, trace, reason, "action").await;
+        match admission.ready(&self.gate_context()) {
+            Ok(admission) => Ok(admission),
+            Err(refused) => Err(self.refusal(spec, refused, trace).await),
         }
-        Err(refused.reply)
     }
 
     /// [`gates::admit`] for this server; a refusal the audit log records
@@ -120,15 +115,20 @@ impl ServerState {
         args: gates::Args,
         trace: &CallTrace,
     ) -> Result<Admission, ToolReply> {
-        let refused = match gates::admit(&self.gate_context(), spec, entry, args) {
-            Ok(admission) => return Ok(admission),
-            Err(refused) => refused,
-        };
+        match gates::admit(&self.gate_context(), spec, entry, args) {
+            Ok(admission) => Ok(admission),
+            Err(refused) => Err(self.refusal(spec, refused, trace).await),
+        }
+    }
+
+    /// A gate's refusal as the client gets it, audited when it is one the
+    /// audit log records (the policy's and the safety gates').
+    async fn refusal(&self, spec: ToolSpec, refused: gates::Refused, trace: &CallTrace) -> ToolReply {
         if let (Some(reason), Some(audited)) = (refused.audit_reason(), &refused.audited) {
             let (given, action) = &**audited;
             self.audit_refusal(spec, given, action, trace, reason, "action").await;
         }
-        Err(refused.reply)
+        refused.reply
     }
 
     /// An admitted call: the transfer plan's refusal if it failed, else the

@@ -356,6 +356,20 @@ pub struct Running {
 }
 
 impl Running {
+    /// This call's key record in the task directory.
+    fn record(&self, owner: Option<String>, created_ms: u64, state: KeyState, reply: Option<ToolReply>) -> KeyRecord {
+        KeyRecord {
+            version: KEY_RECORD_VERSION,
+            key_id: self.key.id.clone(),
+            owner,
+            args_digest: self.key.digest.clone(),
+            action: self.key.action.clone(),
+            created_ms,
+            state,
+            reply,
+        }
+    }
+
     /// Record the call as sent (durably, with a task directory) before it
     /// is sent. `Err`: nothing may be sent (the reply says why, or is the
     /// reply of a claim made elsewhere meanwhile).
@@ -375,16 +389,7 @@ impl Running {
                 }
             }
             Backend::Store(store) => {
-                let rec = KeyRecord {
-                    version: KEY_RECORD_VERSION,
-                    key_id: self.key.id.clone(),
-                    owner: keys.owner.clone(),
-                    args_digest: self.key.digest.clone(),
-                    action: self.key.action.clone(),
-                    created_ms: now,
-                    state: KeyState::Pending,
-                    reply: None,
-                };
+                let rec = self.record(keys.owner.clone(), now, KeyState::Pending, None);
                 let text = serde_json::to_value(&rec).map(|v| JsonText::from_value(&v)).map_err(unavailable)?;
                 match store.keys(TasksRequest::KeyBegin { record: text, now_ms: now }).await {
                     Ok(TasksReply::Written) => {}
@@ -424,16 +429,7 @@ impl Running {
                 }
             }
             Backend::Store(store) => {
-                let rec = KeyRecord {
-                    version: KEY_RECORD_VERSION,
-                    key_id: self.key.id.clone(),
-                    owner: keys.owner.clone(),
-                    args_digest: self.key.digest.clone(),
-                    action: self.key.action.clone(),
-                    created_ms,
-                    state: KeyState::Done,
-                    reply: Some(reply.clone()),
-                };
+                let rec = self.record(keys.owner.clone(), created_ms, KeyState::Done, Some(reply.clone()));
                 let written = match serde_json::to_value(&rec) {
                     Ok(v) => store.keys(TasksRequest::KeyFinish { record: JsonText::from_value(&v) }).await.map(|_| ()),
                     Err(e) => Err(TaskError::Store(e.to_string())),

@@ -22,19 +22,16 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use snowluma_proto::{FailureKind, ToolReply};
 
-use crate::audit::AuditLog;
 use crate::completion::StateError;
 use crate::completion_flow::{Completion, state_error};
 use crate::execution::ProgressSink;
 use crate::gates;
-use crate::policy::Policy;
 use crate::replies::{CACHE_TTL_MS, is_modern, render};
 use crate::resources::events_error;
 use crate::state::ServerState;
 pub use crate::state::{SERVER_NAME, SERVER_VERSION, Services, Workers};
 use crate::tools::{self, Handler, ToolSpec};
 use crate::trace::CallTrace;
-use snowluma_config::Config;
 
 pub fn implementation() -> Implementation {
     Implementation::new(SERVER_NAME, SERVER_VERSION)
@@ -47,22 +44,14 @@ pub struct SnowlumaServer {
 }
 
 impl SnowlumaServer {
-    pub fn new(
-        config: Arc<Config>,
-        workers: Workers,
-        policy: Policy,
-        audit: Option<AuditLog>,
-        services: Services,
-    ) -> Arc<SnowlumaServer> {
-        Arc::new(SnowlumaServer { state: Arc::new(ServerState::new(config, workers, policy, audit, services)) })
+    pub fn new(state: ServerState) -> Arc<SnowlumaServer> {
+        Arc::new(SnowlumaServer { state: Arc::new(state) })
     }
 
     pub fn audit_enabled(&self) -> bool {
         self.state.audit_enabled()
     }
-}
 
-impl SnowlumaServer {
     /// `subscribe_events` / `unsubscribe_events`; a scope refusal is
     /// audited like the execution tools' (`out_of_scope`).
     async fn events_call(&self, spec: tools::ToolSpec, args: Value, trace: &CallTrace) -> ToolReply {

@@ -224,7 +224,7 @@ fn build_server(
     if let Err(e) = preview::panel() {
         tracing::error!(error = %e, "the message preview panel cannot be served");
     }
-    let server = SnowlumaServer::new(
+    let server = SnowlumaServer::new(crate::state::ServerState::new(
         config,
         Workers { catalog: slots.catalog.clone(), network: slots.network.clone() },
         policy,
@@ -238,7 +238,7 @@ fn build_server(
             scope,
             pacing,
         },
-    );
+    ));
     Ok((server, hub, task_service))
 }
 
