@@ -14,6 +14,7 @@
 pub mod args;
 pub mod def;
 pub mod generate;
+pub mod index;
 pub mod safety;
 pub mod schema;
 pub mod search;
@@ -22,7 +23,6 @@ pub mod transfers;
 
 pub use transfers::FileTransfer;
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use serde_json::Value;
@@ -90,28 +90,31 @@ pub fn clip(message: String, max: usize) -> String {
     format!("{head}… (message cut)")
 }
 
+/// One action of the bundled catalog: build-time data ([`index`]), its
+/// contract parsed only when asked for.
 #[derive(Debug)]
 pub struct Action {
-    pub name: String,
-    pub aliases: Vec<String>,
-    pub category: String,
+    pub name: &'static str,
+    pub aliases: &'static [&'static str],
+    pub category: &'static str,
     /// Upstream's (Chinese) one-line summary; 12 upstream actions have none.
-    pub summary: Option<String>,
+    pub summary: Option<&'static str>,
     /// Our English summary (overlay).
-    pub summary_en: String,
+    pub summary_en: &'static str,
     pub read_only: bool,
     /// Upstream marks Stream API actions with `"stream": true` (absent: false).
     pub stream: bool,
     /// A file the server moves itself (see [`transfers`]).
     pub transfer: Option<FileTransfer>,
-    pub support: String,
+    pub support: &'static str,
     /// Names of the top-level required parameters.
-    pub required: Vec<String>,
-    /// The complete contract, as `get_action` returns it: the upstream entry
-    /// followed by the overlay's fields.
-    pub doc: Value,
-    /// Lower-cased texts, computed once for search ([`search::SearchText`]).
-    pub search_text: search::SearchText,
+    pub required: &'static [&'static str],
+    /// Where the complete contract is in [`CATALOG_JSON`].
+    doc_span: (usize, usize),
+    /// The contract, parsed on first use by [`Action::doc`].
+    doc: OnceLock<Value>,
+    /// Lower-cased texts for search ([`search::SearchText`]).
+    pub(crate) search_text: search::SearchText,
 }
 
 impl Action {
@@ -120,120 +123,81 @@ impl Action {
     /// order), then our English summary.
     pub fn compact(&self) -> Value {
         let mut m = serde_json::Map::new();
-        m.insert("name".into(), Value::String(self.name.clone()));
-        m.insert("category".into(), Value::String(self.category.clone()));
-        if let Some(s) = &self.summary {
-            m.insert("summary".into(), Value::String(s.clone()));
+        m.insert("name".into(), Value::String(self.name.to_owned()));
+        m.insert("category".into(), Value::String(self.category.to_owned()));
+        if let Some(s) = self.summary {
+            m.insert("summary".into(), Value::String(s.to_owned()));
         }
         m.insert("aliases".into(), serde_json::json!(self.aliases));
         m.insert("readOnly".into(), Value::Bool(self.read_only));
         m.insert("stream".into(), Value::Bool(self.stream));
-        m.insert("summary_en".into(), Value::String(self.summary_en.clone()));
+        m.insert("summary_en".into(), Value::String(self.summary_en.to_owned()));
         Value::Object(m)
     }
 
+    /// The complete contract's text, as `generated/catalog.json` has it:
+    /// the upstream entry followed by the overlay's fields.
+    pub fn doc_json(&self) -> &'static str {
+        &CATALOG_JSON[self.doc_span.0..self.doc_span.1]
+    }
+
+    /// The complete contract, parsed now and not kept: for answers that
+    /// hand it out (so a process asked for every contract once does not
+    /// keep them all).
+    pub fn parse_doc(&self) -> Value {
+        serde_json::from_str(self.doc_json()).unwrap_or(Value::Null)
+    }
+
+    /// The complete contract, parsed on first use and kept: for the
+    /// gates, which read the same few actions' parameters on every call.
+    pub fn doc(&self) -> &Value {
+        // The span is one JSON object of CATALOG_JSON: the `every_doc_span_is_its_action`
+        // test parses every one; a span that did not parse would read as null.
+        self.doc.get_or_init(|| self.parse_doc())
+    }
+
     pub fn input_schema(&self) -> &Value {
-        &self.doc["inputSchema"]
+        &self.doc()["inputSchema"]
     }
 }
 
+/// The bundled catalog: build-time data, nothing parsed at start-up.
 #[derive(Debug)]
 pub struct Catalog {
-    pub version: String,
-    pub categories: Vec<(String, usize)>,
-    pub actions: Vec<Action>,
-    index: HashMap<String, usize>,
+    pub version: &'static str,
+    pub categories: &'static [(&'static str, usize)],
+    pub actions: &'static [Action],
+    /// Every name and alias, sorted, with its action's index.
+    index: &'static [(&'static str, usize)],
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum CatalogError {
-    #[error("catalog JSON is invalid: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("catalog JSON is malformed: {0}")]
-    Shape(String),
+mod generated {
+    use std::sync::OnceLock;
+
+    use crate::search::SearchText;
+    use crate::{Action, FileTransfer};
+
+    include!("../generated/index.rs");
 }
+
+static BUNDLED: Catalog = Catalog {
+    version: generated::VERSION,
+    categories: &generated::CATEGORIES,
+    actions: &generated::ACTIONS,
+    index: &generated::INDEX,
+};
 
 impl Catalog {
     /// The catalog compiled into this binary.
     pub fn bundled() -> &'static Catalog {
-        static CATALOG: OnceLock<Catalog> = OnceLock::new();
-        CATALOG.get_or_init(|| {
-            // proven: generated/catalog.json is produced by gen-catalog from validated
-            // definitions, and the `bundled_catalog_parses` test parses this exact text.
-            #[allow(clippy::expect_used)]
-            Catalog::parse(CATALOG_JSON).expect("bundled catalog is valid (checked by tests)")
-        })
-    }
-
-    pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
-        let doc: Value = serde_json::from_str(text)?;
-        let shape = |m: &str| CatalogError::Shape(m.to_owned());
-        let version = doc["version"].as_str().ok_or_else(|| shape("version"))?.to_owned();
-        let categories = doc["categories"]
-            .as_array()
-            .ok_or_else(|| shape("categories"))?
-            .iter()
-            .map(|c| {
-                Ok((
-                    c["category"].as_str().ok_or_else(|| shape("category"))?.to_owned(),
-                    c["count"].as_u64().ok_or_else(|| shape("count"))? as usize,
-                ))
-            })
-            .collect::<Result<Vec<_>, CatalogError>>()?;
-        let mut actions = Vec::new();
-        let mut index = HashMap::new();
-        for a in doc["actions"].as_array().ok_or_else(|| shape("actions"))? {
-            let s = |k: &str| -> Result<String, CatalogError> { Ok(a[k].as_str().ok_or_else(|| shape(k))?.to_owned()) };
-            let strings = |k: &str| -> Result<Vec<String>, CatalogError> {
-                a[k].as_array()
-                    .ok_or_else(|| shape(k))?
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| shape(k)))
-                    .collect()
-            };
-            let required = match a["inputSchema"].get("required") {
-                Some(Value::Array(r)) => r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
-                _ => Vec::new(),
-            };
-            let (name, aliases) = (s("name")?, strings("aliases")?);
-            let summary = match a.get("summary") {
-                None => None,
-                Some(v) => Some(v.as_str().ok_or_else(|| shape("summary"))?.to_owned()),
-            };
-            let summary_en = s("summary_en")?;
-            let transfer = transfers::of(&name);
-            let action = Action {
-                search_text: search::SearchText::new(&name, &aliases, summary.as_deref(), &summary_en),
-                name,
-                aliases,
-                category: s("category")?,
-                summary,
-                summary_en,
-                read_only: a["readOnly"].as_bool().ok_or_else(|| shape("readOnly"))?,
-                stream: match a.get("stream") {
-                    None => false,
-                    Some(v) => v.as_bool().ok_or_else(|| shape("stream"))?,
-                },
-                transfer,
-                support: s("support")?,
-                required,
-                doc: a.clone(),
-            };
-            let i = actions.len();
-            for n in std::iter::once(&action.name).chain(&action.aliases) {
-                if index.insert(n.clone(), i).is_some() {
-                    return Err(CatalogError::Shape(format!("duplicate name {n}")));
-                }
-            }
-            actions.push(action);
-        }
-        Ok(Catalog { version, categories, actions, index })
+        &BUNDLED
     }
 
     /// Look up a canonical name or an alias (exact, case-sensitive: OneBot
     /// action names are).
     pub fn get(&self, name: &str) -> Option<&Action> {
-        self.index.get(name).map(|&i| &self.actions[i])
+        let i = self.index.binary_search_by(|(n, _)| (*n).cmp(name)).ok()?;
+        self.actions.get(self.index[i].1)
     }
 
     /// The whole-catalog resource text.
@@ -258,8 +222,8 @@ mod tests {
     }
 
     #[test]
-    fn bundled_catalog_parses() {
-        let c = Catalog::parse(CATALOG_JSON).unwrap();
+    fn bundled_catalog_is_indexed() {
+        let c = Catalog::bundled();
         assert_eq!(c.actions.len(), 193);
         assert_eq!(c.categories.len(), 12);
         let aliases: usize = c.actions.iter().map(|a| a.aliases.len()).sum();
@@ -276,6 +240,34 @@ mod tests {
             fresh == CATALOG_JSON,
             "catalog/generated/catalog.json is stale: run `cargo run -p snowluma-catalog --bin gen-catalog`"
         );
+    }
+
+    /// The compiled-in index is `gen-catalog`'s rendering of the bundled
+    /// text, so every name, flag and span is the catalog's.
+    #[test]
+    fn generated_index_is_fresh() {
+        let fresh = index::render(CATALOG_JSON).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            fresh == include_str!("../generated/index.rs"),
+            "catalog/generated/index.rs is stale: run `cargo run -p snowluma-catalog --bin gen-catalog`"
+        );
+    }
+
+    /// Each action's span is exactly its own entry of the catalog text.
+    #[test]
+    fn every_doc_span_is_its_action() {
+        let whole: Value = serde_json::from_str(CATALOG_JSON).unwrap();
+        let entries = whole["actions"].as_array().unwrap();
+        assert_eq!(entries.len(), Catalog::bundled().actions.len());
+        for (a, entry) in Catalog::bundled().actions.iter().zip(entries) {
+            assert_eq!(&a.parse_doc(), entry, "{}", a.name);
+            assert_eq!(a.doc(), entry, "{}", a.name);
+            assert_eq!(entry["name"], a.name);
+        }
+        for (n, _) in BUNDLED.index {
+            assert!(Catalog::bundled().get(n).is_some(), "{n}");
+        }
+        assert!(Catalog::bundled().get("no_such_action").is_none());
     }
 
     /// The bundled catalog without the overlay's fields is the upstream
@@ -306,15 +298,15 @@ mod tests {
     #[test]
     fn every_action_documents_results_and_examples() {
         let c = Catalog::bundled();
-        for a in &c.actions {
-            assert!(a.doc["returnsSchema"].is_object(), "{}", a.name);
-            let ex = a.doc["examples"].as_array().unwrap();
+        for a in c.actions {
+            assert!(a.doc()["returnsSchema"].is_object(), "{}", a.name);
+            let ex = a.doc()["examples"].as_array().unwrap();
             assert!(!ex.is_empty(), "{}", a.name);
             for e in ex {
                 assert!(schema::validate(a.input_schema(), &e["params"]).is_empty(), "{}", a.name);
             }
             if a.support == "unsupported" {
-                assert_eq!(a.doc["returnsSchema"], serde_json::json!({"not": {}}));
+                assert_eq!(a.doc()["returnsSchema"], serde_json::json!({"not": {}}));
             }
         }
     }

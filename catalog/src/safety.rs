@@ -179,17 +179,17 @@ pub const UNTARGETED: &[&str] = &[
 
 /// Whether the action sends or broadcasts ([`SENDS`]).
 pub fn sends(action: &Action) -> bool {
-    SENDS.contains(&action.name.as_str())
+    SENDS.contains(&action.name)
 }
 
 /// Whether the action's result or effect spans chats ([`SPANNING`]).
 pub fn spans(action: &Action) -> bool {
-    SPANNING.contains(&action.name.as_str())
+    SPANNING.contains(&action.name)
 }
 
 /// Whether the action's `message_id` is a cursor in the chat it names.
 pub fn message_cursor(action: &Action) -> bool {
-    MESSAGE_CURSORS.contains(&action.name.as_str())
+    MESSAGE_CURSORS.contains(&action.name)
 }
 
 /// Every parameter of the action that names a target: upstream's marked
@@ -198,7 +198,7 @@ pub fn message_cursor(action: &Action) -> bool {
 pub fn targets(action: &Action) -> (Vec<(&str, TargetKind)>, Vec<&str>) {
     let mut marked = Vec::new();
     let mut messages = Vec::new();
-    for p in action.doc.get("params").and_then(Value::as_array).into_iter().flatten() {
+    for p in action.doc().get("params").and_then(Value::as_array).into_iter().flatten() {
         let Some(name) = p.get("name").and_then(Value::as_str) else { continue };
         if let Some(kind) = p.get("role").and_then(Value::as_str).and_then(TargetKind::of_role) {
             marked.push((name, kind));
@@ -230,7 +230,7 @@ mod tests {
         }
         for (a, p, _) in UNMARKED_TARGETS {
             let action = c.actions.iter().find(|x| x.name == *a).unwrap();
-            let known = action.doc["params"].as_array().unwrap().iter().any(|x| x["name"] == *p);
+            let known = action.doc()["params"].as_array().unwrap().iter().any(|x| x["name"] == *p);
             // send_forward_msg's targets are free-form (not in its params).
             assert!(known || *a == "send_forward_msg", "{a}.{p}");
         }
@@ -258,12 +258,12 @@ mod tests {
     /// an untargeted one names no target after all.
     #[test]
     fn every_action_is_decided_for_the_scope() {
-        for a in &Catalog::bundled().actions {
+        for a in Catalog::bundled().actions {
             let (marked, messages) = targets(a);
             let targeted = !marked.is_empty() || !messages.is_empty();
-            let decided = targeted || spans(a) || UNTARGETED.contains(&a.name.as_str());
+            let decided = targeted || spans(a) || UNTARGETED.contains(&a.name);
             assert!(decided, "{}: no target, not spanning, not in UNTARGETED: decide it", a.name);
-            assert!(!(targeted && UNTARGETED.contains(&a.name.as_str())), "{} names a target", a.name);
+            assert!(!(targeted && UNTARGETED.contains(&a.name)), "{} names a target", a.name);
         }
     }
 }

@@ -110,26 +110,15 @@ fn expand(term: &str) -> Vec<Alt> {
     out
 }
 
-/// The lower-cased texts a query is matched against, computed once per
-/// action.
+/// The lower-cased texts a query is matched against, rendered at build
+/// time ([`crate::index`]).
 #[derive(Debug, Clone)]
 pub struct SearchText {
-    name: String,
-    aliases: Vec<String>,
+    pub(crate) name: &'static str,
+    pub(crate) aliases: &'static [&'static str],
     /// Upstream's summary ("" when it has none).
-    summary: String,
-    summary_en: String,
-}
-
-impl SearchText {
-    pub fn new(name: &str, aliases: &[String], summary: Option<&str>, summary_en: &str) -> SearchText {
-        SearchText {
-            name: name.to_lowercase(),
-            aliases: aliases.iter().map(|a| a.to_lowercase()).collect(),
-            summary: summary.unwrap_or_default().to_lowercase(),
-            summary_en: summary_en.to_lowercase(),
-        }
-    }
+    pub(crate) summary: &'static str,
+    pub(crate) summary_en: &'static str,
 }
 
 /// Node's matching rule, with the query lower-cased once: a substring of
@@ -144,7 +133,9 @@ impl SubstringQuery {
 
     pub fn matches(&self, a: &Action) -> bool {
         let t = &a.search_text;
-        t.name.contains(&self.0) || t.summary.contains(&self.0) || t.aliases.iter().any(|al| al.contains(&self.0))
+        t.name.contains(&self.0)
+            || t.summary.contains(&self.0)
+            || t.aliases.iter().any(|al| al.contains(self.0.as_str()))
     }
 }
 
@@ -181,13 +172,13 @@ impl KeywordQuery {
             return Some(2);
         }
         let text = &a.search_text;
-        if text.name == self.whole || text.aliases.contains(&self.whole) {
+        if text.name == self.whole || text.aliases.contains(&self.whole.as_str()) {
             return Some(0);
         }
         let mut all_in_name = true;
         for alts in &self.terms {
-            let in_name = alts.iter().any(|t| t.found_in(&text.name) || text.aliases.iter().any(|al| t.found_in(al)));
-            let anywhere = in_name || alts.iter().any(|t| t.found_in(&text.summary) || t.found_in(&text.summary_en));
+            let in_name = alts.iter().any(|t| t.found_in(text.name) || text.aliases.iter().any(|al| t.found_in(al)));
+            let anywhere = in_name || alts.iter().any(|t| t.found_in(text.summary) || t.found_in(text.summary_en));
             if !anywhere {
                 return None;
             }
@@ -208,7 +199,7 @@ mod tests {
             .actions
             .iter()
             .enumerate()
-            .filter_map(|(i, a)| q.rank(a).map(|r| (r, i, a.name.as_str())))
+            .filter_map(|(i, a)| q.rank(a).map(|r| (r, i, a.name)))
             .collect();
         ranked.sort_by_key(|(r, i, _)| (*r, *i));
         ranked.into_iter().take(n).map(|(_, _, name)| name.to_owned()).collect()

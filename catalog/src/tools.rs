@@ -220,7 +220,7 @@ pub fn call(catalog: &Catalog, tool: &str, args: &Value, denied: &BTreeSet<Strin
 
 fn list_actions(catalog: &Catalog, args: &Map<String, Value>, denied: &BTreeSet<String>) -> Result<Value, DocError> {
     let f = Filter::parse(args)?;
-    let items = f.select(catalog).into_iter().map(|(_, a)| flag(denied, &a.name, a.compact())).collect();
+    let items = f.select(catalog).into_iter().map(|(_, a)| flag(denied, a.name, a.compact())).collect();
     page(items, f.limit, f.offset)
 }
 
@@ -231,13 +231,13 @@ fn search_actions(catalog: &Catalog, args: &Map<String, Value>, denied: &BTreeSe
     let hits: Vec<Value> = match MatchMode::parse(args)? {
         MatchMode::Substring => {
             let q = search::SubstringQuery::new(query);
-            items.into_iter().filter(|(_, a)| q.matches(a)).map(|(_, a)| flag(denied, &a.name, a.compact())).collect()
+            items.into_iter().filter(|(_, a)| q.matches(a)).map(|(_, a)| flag(denied, a.name, a.compact())).collect()
         }
         MatchMode::Keywords => {
             let q = search::KeywordQuery::parse(query).map_err(|e| DocError::InvalidArguments(e.to_string()))?;
             let mut ranked: Vec<((u8, usize), usize, Value)> = items
                 .into_iter()
-                .filter_map(|(i, a)| q.rank(a).map(|r| (r, i, flag(denied, &a.name, a.compact()))))
+                .filter_map(|(i, a)| q.rank(a).map(|r| (r, i, flag(denied, a.name, a.compact()))))
                 .collect();
             ranked.sort_by_key(|(r, i, _)| (*r, *i));
             ranked.into_iter().map(|(_, _, v)| v).collect()
@@ -250,7 +250,7 @@ fn get_action(catalog: &Catalog, args: &Map<String, Value>, denied: &BTreeSet<St
     let name = node_string(args, "name");
     catalog
         .get(name)
-        .map(|a| flag(denied, &a.name, a.doc.clone()))
+        .map(|a| flag(denied, a.name, a.parse_doc()))
         .ok_or_else(|| DocError::UnknownAction(crate::json_echo(name)))
 }
 
@@ -283,7 +283,8 @@ pub fn read_resource(catalog: &Catalog, uri: &str) -> Result<String, DocError> {
     if let Some(name) = uri.strip_prefix(prefix)
         && let Some(a) = catalog.get(name)
     {
-        return serde_json::to_string_pretty(&a.doc).map_err(|_| DocError::ResourceNotFound(crate::plain_echo(uri)));
+        return serde_json::to_string_pretty(&a.parse_doc())
+            .map_err(|_| DocError::ResourceNotFound(crate::plain_echo(uri)));
     }
     Err(DocError::ResourceNotFound(crate::plain_echo(uri)))
 }

@@ -58,7 +58,7 @@ impl ServerState {
                 .with_next_step("Wait for a running task to finish (poll tasks/get), then start this one."),
             ));
         };
-        let record = match tasks.create(&running.id, &action.name).await {
+        let record = match tasks.create(&running.id, action.name).await {
             Ok(r) => r,
             Err(e) => {
                 return Err(ToolReply::error(

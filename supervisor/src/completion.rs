@@ -45,7 +45,7 @@ const SEAL_AD: &[u8] = b"snowluma-mcp/input-completion/v1";
 
 /// The fields of `action`'s top-level `required` that `params` lacks.
 pub fn missing(action: &Action, params: &Value) -> Vec<String> {
-    action.required.iter().filter(|f| params.get(f.as_str()).is_none()).cloned().collect()
+    action.required.iter().filter(|f| params.get(**f).is_none()).map(|f| (*f).to_owned()).collect()
 }
 
 /// SHA-256 of the canonical JSON (sorted keys) of a call's arguments.
@@ -131,7 +131,7 @@ pub fn check_answer(
     let Value::Object(fields) = parsed else {
         return Err((invalid(format!("{FORM_FIELD} 必须是 JSON 对象。")), "input_invalid"));
     };
-    let props = action.doc.get("inputSchema").and_then(|s| s.get("properties"));
+    let props = action.doc().get("inputSchema").and_then(|s| s.get("properties"));
     for (k, v) in &fields {
         if provided.get(k).is_some() {
             return Err((invalid(format!("回答不能修改调用中已提供的 {k}。")), "input_invalid"));
@@ -162,7 +162,7 @@ pub fn check_answer(
 /// The catalog's type of `action`'s parameter `name` (`"message"`, `"uint"`, …).
 fn param_type<'a>(action: &'a Action, name: &str) -> Option<&'a str> {
     action
-        .doc
+        .doc()
         .get("params")?
         .as_array()?
         .iter()

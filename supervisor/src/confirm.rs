@@ -70,7 +70,7 @@ impl ConfirmList {
             }
             match crate::names::resolve_listed(catalog, item) {
                 Some(a) => {
-                    list.actions.insert(a.name.clone());
+                    list.actions.insert(a.name.to_owned());
                 }
                 None => return Err(PolicyError { var: VAR, name: item.to_owned() }),
             }
@@ -80,7 +80,7 @@ impl ConfirmList {
 
     /// Whether `invoke_action` must ask before running `action`.
     pub fn requires(&self, action: &Action) -> bool {
-        self.actions.contains(&action.name)
+        self.actions.contains(action.name)
     }
 
     /// For `get_runtime_info`.
@@ -111,8 +111,8 @@ fn targets(params: &Value) -> Vec<String> {
 
 /// The form's message: the action, its targets and the exact params.
 pub fn form_message(action: &Action, given: &str, params: &Value) -> String {
-    let name = if given == action.name { action.name.clone() } else { format!("{} ({given})", action.name) };
-    let summary = action.summary.as_deref().unwrap_or(&action.summary_en);
+    let name = if given == action.name { action.name.to_owned() } else { format!("{} ({given})", action.name) };
+    let summary = action.summary.unwrap_or(action.summary_en);
     let targets = targets(params);
     let target = if targets.is_empty() { "（参数中未指明）".to_owned() } else { targets.join("；") };
     format!(

@@ -178,7 +178,7 @@ impl ServerState {
         // confirmation or of input completion never count as sends.
         if let Err(limited) = self.pacer.gate(action, &params, true) {
             self.audit_refusal(spec, &given, action, trace, "rate_limited", "action").await;
-            return limited.reply(&action.name);
+            return limited.reply(action.name);
         }
         // What the audit records say about this action (only when auditing).
         let audit = self.audit.as_ref().map(|log| (log, self.action_ref_with(spec, &given, action, trace, op_id)));
@@ -249,7 +249,7 @@ impl ServerState {
             op_id: op_id.unwrap_or_else(|| hex(&crate::trace::random_bytes::<16>())),
             tool: spec.name.to_owned(),
             action: given.to_owned(),
-            canonical: action.name.clone(),
+            canonical: action.name.to_owned(),
             read_only: action.read_only,
             mode: self.config.mode.as_str(),
             traceparent: trace.traceparent.clone(),

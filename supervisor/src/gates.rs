@@ -262,12 +262,12 @@ impl<N> Admission<N> {
     pub fn ready(self, cx: &Context<'_, N>) -> Result<Admission<N>, Refused> {
         let audited = || Some(Box::new((self.given.clone(), self.action)));
         if let Err(e) = cx.scope.check(self.action, &self.params) {
-            return Err(Refused { step: Step::Scope, reply: e.reply(&self.action.name), audited: audited() });
+            return Err(Refused { step: Step::Scope, reply: e.reply(self.action.name), audited: audited() });
         }
         if self.idempotency_key.is_none()
             && let Err(l) = cx.pacer.gate(self.action, &self.params, false)
         {
-            return Err(Refused { step: Step::Pacing, reply: l.reply(&self.action.name), audited: audited() });
+            return Err(Refused { step: Step::Pacing, reply: l.reply(self.action.name), audited: audited() });
         }
         Ok(self)
     }
@@ -376,14 +376,14 @@ pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: 
         Ok(_) => Refused { step, reply, audited: Some(Box::new((given, action))) },
     };
     if let Err(e) = cx.scope.check(action, &params) {
-        return Err(later(Step::Scope, e.reply(&action.name), transfer, args.action));
+        return Err(later(Step::Scope, e.reply(action.name), transfer, args.action));
     }
     // A keyed call may be a replay, which sends nothing: its pacing is
     // checked once its key has been looked up (`execution.rs` `run`).
     if args.idempotency_key.is_none()
         && let Err(l) = cx.pacer.gate(action, &params, false)
     {
-        return Err(later(Step::Pacing, l.reply(&action.name), transfer, args.action));
+        return Err(later(Step::Pacing, l.reply(action.name), transfer, args.action));
     }
     let confirm = match confirm(cx.policy.confirm(), action, entry) {
         Ok(c) => c,
@@ -571,7 +571,9 @@ mod tests {
         };
         let write = cx(Mode::Write, Some(&1u8), &open);
         let step = |cx: &Context<'_, u8>, spec, entry, args: Value| {
-            admit(cx, spec, entry, args.into()).map(|a| a.action.name.clone()).map_err(|r| (r.step, r.audit_reason()))
+            admit(cx, spec, entry, args.into())
+                .map(|a| a.action.name.to_owned())
+                .map_err(|r| (r.step, r.audit_reason()))
         };
         assert_eq!(
             step(&cx(Mode::Read, Some(&1), &open), INVOKE_ACTION, Entry::Call, json!({})),
@@ -597,7 +599,7 @@ mod tests {
             Err((Step::Policy, Some("policy_denied")))
         );
         let r = admit(&denied, INVOKE_ACTION_WITH_INPUT, Entry::WithInput, status.into()).unwrap_err();
-        assert_eq!(r.audited.map(|b| (b.0, b.1.name.clone())), Some(("get_status".into(), "get_status".into())));
+        assert_eq!(r.audited.map(|b| (b.0, b.1.name.to_owned())), Some(("get_status".into(), "get_status".into())));
         // An automatic upload this server cannot do (no upload root).
         let upload = json!({"action": "upload_file_stream", "execution": {"input_file": "f"}});
         assert_eq!(step(&write, INVOKE_ACTION, Entry::Call, upload.clone()), Err((Step::Transfer, None)));

@@ -75,7 +75,7 @@ impl CallKey {
         let id = hex(&h.finalize());
         let call = json!({"action": action.name, "params": params});
         let digest = hex(&Sha256::digest(snowluma_proto::text::canonical_json(&call).as_bytes()));
-        CallKey { id, digest, action: action.name.clone() }
+        CallKey { id, digest, action: action.name.to_owned() }
     }
 }
 

@@ -366,7 +366,7 @@ pub fn target(action: &Action, params: &Params) -> Target {
     match (group, user) {
         (Some(g), _) => Target::Group(g),
         (None, Some(u)) => Target::User(u),
-        (None, None) => Target::Action(action.name.clone()),
+        (None, None) => Target::Action(action.name.to_owned()),
     }
 }
 

@@ -54,7 +54,7 @@ fn parse_list(
     for item in raw.split([',', ' ', '\n']).map(str::trim).filter(|s| !s.is_empty()) {
         match resolve_listed(catalog, item) {
             Some(a) => {
-                out.insert(a.name.clone());
+                out.insert(a.name.to_owned());
             }
             None => return Err(PolicyError { var, name: item.to_owned() }),
         }
@@ -67,7 +67,7 @@ impl Policy {
         let allow = parse_list(catalog, "SNOWLUMA_MCP_ALLOW_ACTIONS", allow)?;
         let deny = parse_list(catalog, "SNOWLUMA_MCP_DENY_ACTIONS", deny)?.unwrap_or_default();
         let mut p = Policy { allow, deny, denied: BTreeSet::new(), confirm: Default::default() };
-        p.denied = catalog.actions.iter().filter(|a| !p.permits_name(&a.name)).map(|a| a.name.clone()).collect();
+        p.denied = catalog.actions.iter().filter(|a| !p.permits_name(a.name)).map(|a| a.name.to_owned()).collect();
         Ok(p)
     }
 
@@ -94,12 +94,12 @@ impl Policy {
 
     /// Whether the canonical action may run.
     pub fn permits(&self, action: &Action) -> bool {
-        !self.denied.contains(&action.name)
+        !self.denied.contains(action.name)
     }
 
     /// Why an action is refused (for the error message).
     pub fn reason(&self, action: &Action) -> String {
-        if self.deny.contains(&action.name) {
+        if self.deny.contains(action.name) {
             "它列在 SNOWLUMA_MCP_DENY_ACTIONS 中".into()
         } else if self.allow.is_some() {
             "它不在 SNOWLUMA_MCP_ALLOW_ACTIONS 中".into()

@@ -282,7 +282,7 @@ impl Scope {
         let refs = Scope::refs(action, params);
         let narrowed = refs.iter().any(|r| matches!(r, Ref::Group(_) | Ref::User(_)));
         if safety::spans(action) && !narrowed {
-            return Err(OutOfScope::Spanning(action.name.clone()));
+            return Err(OutOfScope::Spanning(action.name.to_owned()));
         }
         for r in refs {
             match r {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::server::{self, SnowlumaServer, Workers};
 
 use crate::workers::{Attach, SpawnSpec, WorkerSlot};
-use crate::{completion, events, preview, tasks, transfers};
+use crate::{completion, events, tasks, transfers};
 
 /// The session's worker slots, by role.
 struct Slots {
@@ -219,11 +219,9 @@ fn build_server(
         let k = keys.clone();
         tokio::spawn(async move { k.sweep().await });
     }
-    // A damaged panel is a packaging error, said at startup; its resource
-    // read fails with the same message (nothing serves an empty panel).
-    if let Err(e) = preview::panel() {
-        tracing::error!(error = %e, "the message preview panel cannot be served");
-    }
+    // A damaged panel is a packaging error: `doctor` says so, and its
+    // resource read fails with the message (nothing serves an empty panel).
+    // Not checked here: digesting the 600 KB asset would cost every start.
     let server = SnowlumaServer::new(crate::state::ServerState::new(
         config,
         Workers { catalog: slots.catalog.clone(), network: slots.network.clone() },

@@ -148,7 +148,7 @@ pub fn plan(
         }
         // upload_file_stream has no alias: its canonical name is the name
         // the caller wrote, which Node's texts show.
-        let name = action.name.as_str();
+        let name = action.name;
         let Some((configured, canonical)) = service.and_then(|s| s.paths.upload_root.as_ref()) else {
             return Err(not_configured_upload(name));
         };
