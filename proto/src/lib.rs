@@ -14,6 +14,7 @@
 //! JSON values never travel as `serde_json::Value` (postcard is not
 //! self-describing); they travel as [`msg::JsonText`], validated JSON text.
 
+pub mod alloc;
 pub mod architecture;
 pub mod bytes;
 pub mod fdpass;

@@ -14,6 +14,7 @@ use snowluma_proto::{Role, WORKER_ARG};
 use snowluma_sandbox::probe::PROBE_ARG;
 
 fn main() -> ExitCode {
+    snowluma_proto::alloc::tune();
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize| args.get(i).map(String::as_str);
     match arg(1) {

@@ -126,7 +126,11 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
     let writer = tokio::spawn(async move {
         while let Some(msg) = out_rx.recv().await {
             let Some(frame) = frame_or_substitute(msg) else { continue };
-            if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut wr, &frame).await {
+            let written = tokio::io::AsyncWriteExt::write_all(&mut wr, &frame).await;
+            let len = frame.len();
+            drop(frame);
+            snowluma_proto::alloc::after_large(len);
+            if let Err(e) = written {
                 // The socket itself is broken: the supervisor sees it close,
                 // restarts this worker and logs it.
                 tracing::debug!(error = %e, "IPC write failed; closing the connection");

@@ -73,7 +73,9 @@ impl Out {
         if self.gone.load(Ordering::Acquire) {
             return;
         }
+        let len = line.len();
         let res = self.w.lock().await.write_all(line).await;
+        snowluma_proto::alloc::after_large(len);
         if let Err(e) = res
             && !self.gone.swap(true, Ordering::AcqRel)
         {
