@@ -600,3 +600,35 @@ impl Fake {
         self.fake.reset_faults();
     }
 }
+
+/// Every process of the tree rooted at `pid` (itself first).
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let mut out = vec![pid];
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
+                    let found: Vec<u32> = children.split_whitespace().filter_map(|c| c.parse().ok()).collect();
+                    out.extend(&found);
+                    queue.extend(found);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A process's proportional set size from `/proc/<pid>/smaps_rollup`, in
+/// KiB: (total, anonymous, file-backed), with its name.
+pub fn pss_kib(pid: u32) -> Option<(String, u64, u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim().to_owned();
+    Some((name, field("Pss:"), field("Pss_Anon:"), field("Pss_File:")))
+}
