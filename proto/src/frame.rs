@@ -11,6 +11,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// peer pin unbounded memory.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
+/// A writer that finds more frames queued appends them to the one it is
+/// about to write, up to this many bytes, and writes them at once.
+pub const BATCH_BYTES: usize = 64 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
     #[error("peer closed the connection")]

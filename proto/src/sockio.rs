@@ -27,6 +27,10 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 /// The receiving half: readable readiness only.
 pub struct SockReader {
     fd: AsyncFd<OwnedFd>,
+    /// Known to be a stream socket (our own IPC socketpairs), where a short
+    /// read means the queue is empty; a host's stdio socket may be another
+    /// kind, so it is asked again until it says so.
+    stream: bool,
 }
 
 /// The sending half: no standing registration.
@@ -55,8 +59,8 @@ pub(crate) fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Drive a connected socket through two descriptors of it (`read` and
-/// `write` must refer to the same socket, e.g. one a `dup` of the other).
+/// Drive a connected stream socket through two descriptors of it (`read`
+/// and `write` must refer to the same socket, e.g. one a `dup` of the other).
 /// Must be called inside a tokio runtime with I/O enabled.
 pub fn split(read: OwnedFd, write: OwnedFd) -> io::Result<(SockReader, SockWriter)> {
     set_nonblocking(&read)?;
@@ -64,7 +68,7 @@ pub fn split(read: OwnedFd, write: OwnedFd) -> io::Result<(SockReader, SockWrite
     // SAFETY: `read` is an OwnedFd moved into the AsyncFd, so the descriptor
     // stays open and unchanged for the AsyncFd's whole life.
     let fd = unsafe { AsyncFd::register_with_interest(read, Interest::READABLE) }.map_err(|e| e.into_parts().1)?;
-    Ok((SockReader { fd }, SockWriter { waiter: None, fd: write }))
+    Ok((SockReader { fd, stream: true }, SockWriter { waiter: None, fd: write }))
 }
 
 /// [`split`] for a socket this process shares with others (stdio): the
@@ -82,7 +86,7 @@ impl SockReader {
         // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so the descriptor
         // stays open and unchanged for the AsyncFd's whole life.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.into_parts().1)?;
-        Ok(SockReader { fd })
+        Ok(SockReader { fd, stream: false })
     }
 }
 
@@ -109,6 +113,7 @@ impl AsyncRead for SockReader {
         loop {
             let mut guard = ready!(self.fd.poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
+            let wanted = unfilled.len();
             let res = guard.try_io(|inner| {
                 // SAFETY: recv writes at most `unfilled.len()` bytes into the
                 // initialized slice we hold exclusively; the descriptor is
@@ -125,6 +130,13 @@ impl AsyncRead for SockReader {
             });
             match res {
                 Ok(Ok(n)) => {
+                    // A short read of a stream socket took everything queued:
+                    // wait for the next readiness instead of asking again
+                    // (one `recv` fewer per message; data that arrives later
+                    // raises readiness anew, as tokio's own streams assume).
+                    if self.stream && n > 0 && n < wanted {
+                        guard.clear_ready();
+                    }
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
@@ -272,6 +284,24 @@ mod tests {
         dr.read_exact(&mut got).await.unwrap();
         assert!(got == expect);
         writer.await.unwrap();
+    }
+
+    /// After a short read (which clears readiness rather than asking the
+    /// socket again), data written later still wakes the reader.
+    #[tokio::test]
+    async fn data_after_a_short_read_is_still_seen() {
+        let (a, b) = pair();
+        let (_ar, mut aw) = split_one(a).unwrap();
+        let (mut br, _bw) = split_one(b).unwrap();
+        for round in 0..50u8 {
+            aw.write_all(&[round; 3]).await.unwrap();
+            let mut buf = [0u8; 64];
+            let n = tokio::time::timeout(std::time::Duration::from_secs(10), br.read(&mut buf))
+                .await
+                .expect("the reader is woken by data that came after its short read")
+                .unwrap();
+            assert_eq!(&buf[..n], &[round; 3]);
+        }
     }
 
     #[tokio::test]

@@ -473,28 +473,41 @@ async fn write_loop(
     mut wr: SockWriter,
     broken: oneshot::Sender<std::io::Error>,
 ) {
-    while let Some(msg) = rx.recv().await {
-        let frame = match snowluma_proto::frame::encode(&msg) {
-            Ok(f) => f,
-            Err(e) => {
-                if let ToWorker::Request { id, .. } = msg {
-                    let err = match e {
-                        FrameError::TooLarge(bytes) => {
-                            CallError::TooLarge { bytes, limit: snowluma_proto::MAX_FRAME_BYTES }
-                        }
-                        _ => CallError::Unavailable(name),
-                    };
-                    tracing::warn!(worker = name, error = %err, "a request could not be sent; it fails on its own");
-                    if let Some(p) = conn.pending.lock().ok().and_then(|mut p| p.remove(&id)) {
-                        let _ = p.reply.send(Err(err));
-                    }
-                }
-                continue;
+    while let Some(first) = rx.recv().await {
+        // Every message already queued goes out with this one, in one write:
+        // with calls in flight, one wake-up of the worker per batch.
+        let mut batch: Vec<u8> = Vec::new();
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match snowluma_proto::frame::encode(&msg) {
+                Ok(f) if batch.is_empty() => batch = f,
+                Ok(f) => batch.extend_from_slice(&f),
+                Err(e) => fail_unsent(name, &conn, msg, e),
             }
-        };
-        if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut wr, &frame).await {
+            if batch.len() < snowluma_proto::frame::BATCH_BYTES {
+                next = rx.try_recv().ok();
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut wr, &batch).await {
             let _ = broken.send(e);
             break;
+        }
+    }
+}
+
+/// A request that could not be encoded fails on its own (nothing was sent).
+fn fail_unsent(name: &'static str, conn: &Conn, msg: ToWorker, e: FrameError) {
+    if let ToWorker::Request { id, .. } = msg {
+        let err = match e {
+            FrameError::TooLarge(bytes) => CallError::TooLarge { bytes, limit: snowluma_proto::MAX_FRAME_BYTES },
+            _ => CallError::Unavailable(name),
+        };
+        tracing::warn!(worker = name, error = %err, "a request could not be sent; it fails on its own");
+        if let Some(p) = conn.pending.lock().ok().and_then(|mut p| p.remove(&id)) {
+            let _ = p.reply.send(Err(err));
         }
     }
 }
