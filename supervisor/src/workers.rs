@@ -474,20 +474,14 @@ async fn write_loop(
     broken: oneshot::Sender<std::io::Error>,
 ) {
     while let Some(first) = rx.recv().await {
-        // Every message already queued goes out with this one, in one write:
-        // with calls in flight, one wake-up of the worker per batch.
-        let mut batch: Vec<u8> = Vec::new();
-        let mut next = Some(first);
-        while let Some(msg) = next.take() {
-            match snowluma_proto::frame::encode(&msg) {
-                Ok(f) if batch.is_empty() => batch = f,
-                Ok(f) => batch.extend_from_slice(&f),
-                Err(e) => fail_unsent(name, &conn, msg, e),
+        let encode = |msg: ToWorker| match snowluma_proto::frame::encode(&msg) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                fail_unsent(name, &conn, msg, e);
+                None
             }
-            if batch.len() < snowluma_proto::frame::BATCH_BYTES {
-                next = rx.try_recv().ok();
-            }
-        }
+        };
+        let (batch, _) = snowluma_proto::frame::batch(first, || rx.try_recv().ok(), encode);
         if batch.is_empty() {
             continue;
         }

@@ -125,27 +125,14 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<FromWorker>();
     let writer = tokio::spawn(async move {
         while let Some(first) = out_rx.recv().await {
-            // Every reply already queued goes out with this one, in one
-            // write: with calls in flight, one wake-up of the supervisor per batch.
-            let mut batch: Vec<u8> = Vec::new();
-            let mut next = Some(first);
-            while let Some(msg) = next.take() {
-                match frame_or_substitute(msg) {
-                    Some(f) if batch.is_empty() => batch = f,
-                    Some(f) => batch.extend_from_slice(&f),
-                    None => {}
-                }
-                if batch.len() < snowluma_proto::frame::BATCH_BYTES {
-                    next = out_rx.try_recv().ok();
-                }
-            }
+            let (batch, largest) = snowluma_proto::frame::batch(first, || out_rx.try_recv().ok(), frame_or_substitute);
             if batch.is_empty() {
                 continue;
             }
             let written = tokio::io::AsyncWriteExt::write_all(&mut wr, &batch).await;
-            let len = batch.len();
             drop(batch);
-            snowluma_proto::alloc::after_large(len);
+            // After a large reply, not after a batch of many small ones.
+            snowluma_proto::alloc::after_large(largest);
             if let Err(e) = written {
                 // The socket itself is broken: the supervisor sees it close,
                 // restarts this worker and logs it.
