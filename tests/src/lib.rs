@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 pub mod procfs;
-pub use procfs::{alive, children, cmdline, descendants, memory_contains, status_field};
+pub use procfs::{alive, children, cmdline, descendants, memory_contains, pss_kib, status_field};
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
@@ -556,8 +556,8 @@ pub fn process_tree_cpu_secs(pid: u32) -> f64 {
 /// `pid`, by process name, summed per name.
 pub fn process_tree_cpu_by_name(pid: u32) -> Vec<(String, f64)> {
     let mut by_name: Vec<(String, f64)> = Vec::new();
-    let mut queue = vec![pid.to_string()];
-    while let Some(p) = queue.pop() {
+    let pid = pid as i32;
+    for p in std::iter::once(pid).chain(descendants(pid)) {
         if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
             let name = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map(|(n, _)| n.to_owned());
             let rest: Vec<&str> =
@@ -568,13 +568,6 @@ pub fn process_tree_cpu_by_name(pid: u32) -> Vec<(String, f64)> {
             match by_name.iter_mut().find(|(n, _)| *n == name) {
                 Some((_, s)) => *s += ticks / 100.0,
                 None => by_name.push((name, ticks / 100.0)),
-            }
-        }
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
-            for t in tasks.flatten() {
-                if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
-                    queue.extend(children.split_whitespace().map(str::to_owned));
-                }
             }
         }
     }
@@ -599,36 +592,4 @@ impl Fake {
     pub fn reset_golden_faults(&self) {
         self.fake.reset_faults();
     }
-}
-
-/// Every process of the tree rooted at `pid` (itself first).
-pub fn process_tree(pid: u32) -> Vec<u32> {
-    let mut out = vec![pid];
-    let mut queue = vec![pid];
-    while let Some(p) = queue.pop() {
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
-            for t in tasks.flatten() {
-                if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
-                    let found: Vec<u32> = children.split_whitespace().filter_map(|c| c.parse().ok()).collect();
-                    out.extend(&found);
-                    queue.extend(found);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// A process's proportional set size from `/proc/<pid>/smaps_rollup`, in
-/// KiB: (total, anonymous, file-backed), with its name.
-pub fn pss_kib(pid: u32) -> Option<(String, u64, u64, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim().to_owned();
-    Some((name, field("Pss:"), field("Pss_Anon:"), field("Pss_File:")))
 }

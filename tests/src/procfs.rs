@@ -24,6 +24,20 @@ pub fn descendants(pid: i32) -> Vec<i32> {
     out
 }
 
+/// A process's proportional set size from `/proc/<pid>/smaps_rollup`, in
+/// KiB: (total, anonymous, file-backed), with its name.
+pub fn pss_kib(pid: i32) -> Option<(String, u64, u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim().to_owned();
+    Some((name, field("Pss:"), field("Pss_Anon:"), field("Pss_File:")))
+}
+
 /// A process's command line, arguments joined by spaces ("" once it is gone).
 pub fn cmdline(pid: i32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))

@@ -21,25 +21,12 @@ use snowluma_e2e::Fake;
 
 const TOKEN: &str = "bench-token-0123456789abcdef0123456789";
 
-fn pss_of(pids: &[u32]) -> u64 {
+fn pss_of(pids: &[i32]) -> u64 {
     pids.iter().filter_map(|p| snowluma_e2e::pss_kib(*p)).map(|(_, pss, _, _)| pss).sum()
 }
 
 fn mib(kib: f64) -> String {
     format!("{:.2}", kib / 1024.0)
-}
-
-/// The children of `pid` (each of its threads' `children` list).
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-            }
-        }
-    }
-    out
 }
 
 fn main() {
@@ -96,9 +83,10 @@ fn main() {
             (status, sid, text)
         })
     };
-    let launcher_pid = launcher.id();
+    let launcher_pid = launcher.id() as i32;
     // The front is the launcher's first child; it is there before any session.
-    let front = snowluma_e2e::wait_until("the front is started", || children(launcher_pid).first().copied());
+    let front =
+        snowluma_e2e::wait_until("the front is started", || snowluma_e2e::children(launcher_pid).first().copied());
     std::thread::sleep(Duration::from_millis(200));
     let front_before = pss_of(&[front]);
     let mut starts = Vec::with_capacity(sessions);
@@ -121,8 +109,11 @@ fn main() {
         assert_eq!(status, 200, "{text}");
     }
     std::thread::sleep(Duration::from_millis(300));
-    let trees: Vec<Vec<u32>> =
-        children(launcher_pid).into_iter().filter(|p| *p != front).map(snowluma_e2e::process_tree).collect();
+    let trees: Vec<Vec<i32>> = snowluma_e2e::children(launcher_pid)
+        .into_iter()
+        .filter(|p| *p != front)
+        .map(|p| std::iter::once(p).chain(snowluma_e2e::descendants(p)).collect())
+        .collect();
     assert_eq!(trees.len(), sessions, "one session tree per session");
     let mut per_tree: Vec<u64> = trees.iter().map(|t| pss_of(t)).collect();
     per_tree.sort();
@@ -157,7 +148,7 @@ fn main() {
         "| session trees in 1 GiB (launcher and front included) | {:.0} |",
         ((1024.0 * 1024.0) - fixed) / median_tree
     );
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher_pid as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher_pid), nix::sys::signal::Signal::SIGTERM);
     let _ = launcher.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -64,8 +64,9 @@ fn run(mut cmd: Command, read: bool) -> Vec<(String, u64, u64, u64)> {
     for i in 0..200 {
         ask(&mut stdin, &call(i, read));
     }
-    let tree = snowluma_e2e::process_tree(child.id());
-    let mut out: Vec<(String, u64, u64, u64)> = tree.iter().filter_map(|p| snowluma_e2e::pss_kib(*p)).collect();
+    let pid = child.id() as i32;
+    let mut out: Vec<(String, u64, u64, u64)> =
+        std::iter::once(pid).chain(snowluma_e2e::descendants(pid)).filter_map(snowluma_e2e::pss_kib).collect();
     out.sort_by_key(|p| std::cmp::Reverse(p.1));
     drop(stdin);
     child.wait().unwrap();
