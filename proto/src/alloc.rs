@@ -39,3 +39,134 @@ pub fn after_large(len: usize) {
         nix::libc::malloc_trim(0);
     }
 }
+
+/// Once per process, after its start-up is over (its first answer): drop
+/// this process's mappings of the executable's code and read-only data.
+/// The kernel maps file pages 64 KiB at a time around each page a process
+/// touches (fault-around), so start-up code (argument parsing,
+/// confinement, the handshakes) would stay mapped, and counted in the
+/// process's PSS, for the whole session. Afterwards only what the calls
+/// touch comes back, as minor faults from the page cache. Only segments
+/// without write permission are dropped (never RELRO or data, whose pages
+/// hold values written since exec), and only whole pages inside each.
+pub fn after_start() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(drop_read_only_segments);
+}
+
+/// The executable's segments without write permission, as page-aligned
+/// `(start, len)` ranges of this process's memory.
+#[cfg(target_os = "linux")]
+fn read_only_segments() -> Vec<(usize, usize)> {
+    use nix::libc;
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        out: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader passes a valid dl_phdr_info for each loaded
+        // object, the executable first, and `out` is the Vec handed to
+        // dl_iterate_phdr below, alive for the whole call.
+        let (info, out) = unsafe { (&*info, &mut *out.cast::<(usize, Vec<(usize, usize)>)>()) };
+        let (page, out) = (out.0, &mut out.1);
+        for i in 0..usize::from(info.dlpi_phnum) {
+            // SAFETY: dlpi_phdr points at dlpi_phnum program headers.
+            let ph = unsafe { &*info.dlpi_phdr.add(i) };
+            if ph.p_type != libc::PT_LOAD || ph.p_flags & libc::PF_W != 0 {
+                continue;
+            }
+            let (Ok(base), Ok(vaddr), Ok(size)) =
+                (usize::try_from(info.dlpi_addr), usize::try_from(ph.p_vaddr), usize::try_from(ph.p_memsz))
+            else {
+                continue;
+            };
+            let start = base.wrapping_add(vaddr);
+            let (first, end) = (start.next_multiple_of(page), start.wrapping_add(size) / page * page);
+            if end > first {
+                out.push((first, end - first));
+            }
+        }
+        // Stop after the first object: the executable.
+        1
+    }
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| usize::try_from(p).ok())
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096);
+    let mut out: (usize, Vec<(usize, usize)>) = (page, Vec::new());
+    // SAFETY: `each` only reads what the loader hands it and pushes onto
+    // `out`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut out).cast()) };
+    out.1
+}
+
+fn drop_read_only_segments() {
+    #[cfg(target_os = "linux")]
+    for (start, len) in read_only_segments() {
+        // SAFETY: the range is whole pages of a mapped segment of the
+        // executable without write permission: they hold the file's bytes
+        // unchanged, so dropping them only makes the next access map them
+        // again from the page cache.
+        unsafe { nix::libc::madvise(start as *mut nix::libc::c_void, len, nix::libc::MADV_DONTNEED) };
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// Read-only data of this test binary that nothing else reads.
+    static MARKER: [u8; 256 * 1024] = {
+        let mut a = [0u8; 256 * 1024];
+        let mut i = 0;
+        while i < a.len() {
+            a[i] = (i % 251) as u8 + 1;
+            i += 1;
+        }
+        a
+    };
+
+    fn double(x: u32) -> u32 {
+        x * 2
+    }
+    fn triple(x: u32) -> u32 {
+        x * 3
+    }
+    /// Function pointers: relocated at exec, so they live in RELRO.
+    static TABLE: [fn(u32) -> u32; 2] = [double, triple];
+
+    /// Whether the page at `addr` is in this process's page tables
+    /// (`/proc/self/pagemap`, bit 63).
+    fn present(addr: usize) -> bool {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).unwrap().unwrap() as usize;
+        f.seek(SeekFrom::Start((addr / page * 8) as u64)).unwrap();
+        let mut entry = [0u8; 8];
+        f.read_exact(&mut entry).unwrap();
+        u64::from_le_bytes(entry) >> 63 == 1
+    }
+
+    /// After the drop, read-only pages are no longer mapped, read back
+    /// unchanged, and relocated data (RELRO) is untouched.
+    #[test]
+    fn read_only_pages_are_dropped_and_come_back_unchanged() {
+        let probe = &MARKER[128 * 1024] as *const u8 as usize;
+        let segments = read_only_segments();
+        assert!(segments.iter().any(|&(s, l)| (s..s + l).contains(&probe)), "the marker is in a read-only segment");
+        assert_eq!(std::hint::black_box(&MARKER)[128 * 1024], (128 * 1024 % 251) as u8 + 1);
+        assert!(present(probe), "a page just read is mapped");
+        drop_read_only_segments();
+        assert!(!present(probe), "dropped");
+        assert_eq!(std::hint::black_box(&MARKER)[128 * 1024], (128 * 1024 % 251) as u8 + 1, "read back unchanged");
+        assert!(present(probe), "mapped again by the read");
+        let pick = std::hint::black_box(1usize);
+        assert_eq!(TABLE[pick](14), 42, "relocated pointers still work");
+        after_start();
+        after_start();
+        assert_eq!(TABLE[0](21), 42);
+    }
+}

@@ -202,7 +202,9 @@ impl ServerHandler for SnowlumaServer {
             }
         };
         log_call(spec, &trace, &reply, started);
-        Ok(render(reply, &trace).into())
+        let rendered = render(reply, &trace).into();
+        snowluma_proto::alloc::after_start();
+        Ok(rendered)
     }
 
     async fn get_task(

@@ -133,6 +133,7 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
             drop(batch);
             // After a large reply, not after a batch of many small ones.
             snowluma_proto::alloc::after_large(largest);
+            snowluma_proto::alloc::after_start();
             if let Err(e) = written {
                 // The socket itself is broken: the supervisor sees it close,
                 // restarts this worker and logs it.
