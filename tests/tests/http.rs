@@ -1410,7 +1410,17 @@ fn token_holders_get_through_a_flood_of_idle_connections(tls: bool) {
             })
         })
         .collect();
-    let still_full = front_connections(front, 1);
+    // The flood still holds the front after them. One sample can catch the
+    // instant between an idle connection's eviction and the flood's next
+    // one (a run saw 498), so the best of a few samples over ~50 ms (the
+    // flood opens one connection per 300 µs) is what is asserted.
+    let still_full = (0..10)
+        .map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            front_connections(front, 1)
+        })
+        .max()
+        .unwrap_or(0);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     join(flood, "the flood stops");
     assert!(statuses.iter().all(|r| r == &Ok(200)), "{statuses:?}");

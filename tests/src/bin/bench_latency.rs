@@ -12,6 +12,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -82,7 +83,111 @@ fn relay(args: &[String]) {
             drop(to_next);
             let _ = next.wait();
         }
+        [mode, host] if mode.starts_with("--relay-reactor") => reactor_relay(mode == "--relay-reactor-pipe", host),
         _ => panic!("unknown relay mode"),
+    }
+}
+
+/// The reactor floor: the same do-nothing chain, but each process drives
+/// its descriptors as an rmcp server must, from a single-threaded tokio
+/// runtime (non-blocking I/O, `epoll_wait` before each read), still with no
+/// parsing beyond finding the end of a line or of an HTTP response. What
+/// snowluma-mcp adds beyond this floor is its own work, not the runtime's.
+fn reactor_relay(pipe_stage: bool, host: &str) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    use tokio::net::unix::pipe;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // Our own pipes from the stage before: safe to make non-blocking.
+        let stdin = pipe::Receiver::from_file(std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap()))
+            .unwrap();
+        let mut out =
+            pipe::Sender::from_file(std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap())).unwrap();
+        let mut input = tokio::io::BufReader::new(stdin);
+        let mut line = Vec::new();
+        if pipe_stage {
+            let mut next = tokio::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--relay-reactor-http", host])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut to_next = next.stdin.take().unwrap();
+            let mut from_next = tokio::io::BufReader::new(next.stdout.take().unwrap());
+            let mut reply = Vec::new();
+            while input.read_until(b'\n', &mut line).await.unwrap() > 0 {
+                to_next.write_all(&line).await.unwrap();
+                reply.clear();
+                from_next.read_until(b'\n', &mut reply).await.unwrap();
+                out.write_all(&reply).await.unwrap();
+                line.clear();
+            }
+            drop(to_next);
+            let _ = next.wait().await;
+        } else {
+            let conn = tokio::net::TcpStream::connect(host).await.unwrap();
+            conn.set_nodelay(true).unwrap();
+            let mut conn = tokio::io::BufReader::new(conn);
+            let body = br#"{"action":"get_status","params":{}}"#;
+            let head = format!(
+                "POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAuthorization: Bearer t\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let request = [head.as_bytes(), body].concat();
+            let mut header = String::new();
+            while input.read_until(b'\n', &mut line).await.unwrap() > 0 {
+                conn.get_mut().write_all(&request).await.unwrap();
+                let mut len = 0usize;
+                loop {
+                    header.clear();
+                    conn.read_line(&mut header).await.unwrap();
+                    if header == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap();
+                    }
+                }
+                let mut reply = vec![0u8; len + 1];
+                conn.read_exact(&mut reply[..len]).await.unwrap();
+                reply[len] = b'\n';
+                out.write_all(&reply).await.unwrap();
+                line.clear();
+            }
+        }
+    });
+}
+
+/// A relay chain (this benchmark again, as its first stage) and the pipes
+/// to it.
+struct Relay {
+    child: std::process::Child,
+    to: Option<std::process::ChildStdin>,
+    from: BufReader<std::process::ChildStdout>,
+    line: Vec<u8>,
+}
+
+impl Relay {
+    fn start(mode: &str, host: &str) -> Relay {
+        let mut child = spawn_self(&[mode, host]);
+        let to = child.stdin.take();
+        let from = BufReader::new(child.stdout.take().unwrap());
+        Relay { child, to, from, line: Vec::new() }
+    }
+
+    fn call(&mut self) {
+        self.to.as_mut().unwrap().write_all(b"get_status\n").unwrap();
+        self.line.clear();
+        self.from.read_until(b'\n', &mut self.line).unwrap();
+        assert!(self.line.starts_with(b"{"));
+    }
+
+    /// End the chain; the CPU its processes used, by name.
+    fn finish(mut self) -> Vec<(String, f64)> {
+        let cpu = snowluma_e2e::process_tree_cpu_by_name(self.child.id());
+        drop(self.to.take());
+        let _ = self.child.wait();
+        cpu
     }
 }
 
@@ -123,18 +228,11 @@ fn main() {
         direct_call(&mut conn, &host);
     }
 
-    let mut relay_child = spawn_self(&["--relay-pipe", &host]);
-    let mut relay_in = relay_child.stdin.take().unwrap();
-    let mut relay_out = BufReader::new(relay_child.stdout.take().unwrap());
-    let mut relay_line = Vec::new();
-    let mut relay_call = || {
-        relay_in.write_all(b"get_status\n").unwrap();
-        relay_line.clear();
-        relay_out.read_until(b'\n', &mut relay_line).unwrap();
-        assert!(relay_line.starts_with(b"{"));
-    };
+    let mut relay = Relay::start("--relay-pipe", &host);
+    let mut reactor = Relay::start("--relay-reactor-pipe", &host);
     for _ in 0..200 {
-        relay_call();
+        relay.call();
+        reactor.call();
     }
 
     // Through the binary: a lean client that reads the child's stdout on
@@ -201,6 +299,7 @@ fn main() {
     let mut direct: Vec<Duration> = Vec::with_capacity(n);
     let mut mcp: Vec<Duration> = Vec::with_capacity(n);
     let mut floor: Vec<Duration> = Vec::with_capacity(n);
+    let mut reactor_floor: Vec<Duration> = Vec::with_capacity(n);
     let with_relay = std::env::var_os("BENCH_NO_RELAY").is_none();
     for _ in 0..n {
         let t = Instant::now();
@@ -208,8 +307,11 @@ fn main() {
         direct.push(t.elapsed());
         if with_relay {
             let t = Instant::now();
-            relay_call();
+            relay.call();
             floor.push(t.elapsed());
+            let t = Instant::now();
+            reactor.call();
+            reactor_floor.push(t.elapsed());
         }
         let t = Instant::now();
         one(&mut stdin, &mut stdout, &mut line);
@@ -218,9 +320,9 @@ fn main() {
     direct.sort();
     mcp.sort();
     floor.sort();
-    let relay_cpu = snowluma_e2e::process_tree_cpu_by_name(relay_child.id());
-    drop(relay_in);
-    let _ = relay_child.wait();
+    reactor_floor.sort();
+    let relay_cpu = relay.finish();
+    let reactor_cpu = reactor.finish();
 
     // Throughput with 8 concurrent callers: 8 requests kept in flight on the
     // one stdio session, against 8 direct keep-alive connections.
@@ -273,17 +375,29 @@ fn main() {
     println!("| direct HTTP | {} | {} | {:.0} |", us(pct(&direct, 0.5)), us(pct(&direct, 0.99)), direct_tput);
     if floor.is_empty() {
         floor.push(Duration::ZERO);
+        reactor_floor.push(Duration::ZERO);
     }
     println!("| relay floor (two do-nothing processes) | {} | {} | |", us(pct(&floor, 0.5)), us(pct(&floor, 0.99)));
+    println!(
+        "| reactor floor (the same on tokio, non-blocking) | {} | {} | |",
+        us(pct(&reactor_floor, 0.5)),
+        us(pct(&reactor_floor, 0.99))
+    );
     println!("| through snowluma-mcp | {} | {} | {:.0} |", us(pct(&mcp, 0.5)), us(pct(&mcp, 0.99)), mcp_tput);
     println!();
     println!("added at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&direct, 0.5))));
     println!("relay floor at p50: {} µs over direct", us(pct(&floor, 0.5).saturating_sub(pct(&direct, 0.5))));
     println!("added over the relay floor at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&floor, 0.5))));
+    println!("reactor floor at p50: {} µs over direct", us(pct(&reactor_floor, 0.5).saturating_sub(pct(&direct, 0.5))));
+    println!("added over the reactor floor at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&reactor_floor, 0.5))));
     println!("CPU of the snowluma-mcp process tree per call: {:.1} µs", cpu_us / calls);
-    let relay_calls = (400 + n) as f64;
+    // 200 warm-up calls, then one per sequential round.
+    let relay_calls = (200 + if with_relay { n } else { 0 }) as f64;
     for (name, secs) in &relay_cpu {
         println!("  relay floor {name}: {:.1} µs", secs * 1e6 / relay_calls);
+    }
+    for (name, secs) in &reactor_cpu {
+        println!("  reactor floor {name}: {:.1} µs", secs * 1e6 / relay_calls);
     }
     for (name, secs) in &by_name {
         println!("  {name}: {:.1} µs", secs * 1e6 / calls);
