@@ -46,9 +46,92 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
     buf
 }
 
+/// Bytes [`random_ids`] hands out per `getrandom`.
+const ID_POOL: usize = 4096;
+
+/// Bumped in every child a `fork` makes (`pthread_atfork`), so that a child
+/// never hands out the bytes its parent will also hand out.
+static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn forked() {
+    FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+struct IdPool {
+    bytes: [u8; ID_POOL],
+    used: usize,
+    forks: u64,
+}
+
+/// `N` random bytes for the identifiers every call needs (trace and span
+/// ids), from the same kernel source as [`random_bytes`] but fetched
+/// [`ID_POOL`] bytes at a time, so a call costs no system call. Each byte
+/// is handed out once and wiped; a forked child refills before its first
+/// use. Keys and secrets use [`random_bytes`], which keeps nothing.
+pub fn random_ids<const N: usize>() -> [u8; N] {
+    use std::sync::atomic::Ordering;
+    static POOL: std::sync::Mutex<IdPool> =
+        std::sync::Mutex::new(IdPool { bytes: [0; ID_POOL], used: ID_POOL, forks: 0 });
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    if N > ID_POOL {
+        return random_bytes();
+    }
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a child handler that only bumps an atomic
+        // (async-signal-safe, allocation-free), as a child after fork needs.
+        unsafe { nix::libc::pthread_atfork(None, None, Some(forked)) };
+    });
+    let mut pool = POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let forks = FORKS.load(Ordering::Relaxed);
+    if pool.used + N > ID_POOL || pool.forks != forks {
+        pool.bytes = random_bytes();
+        pool.used = 0;
+        pool.forks = forks;
+    }
+    let mut out = [0u8; N];
+    let at = pool.used;
+    out.copy_from_slice(&pool.bytes[at..at + N]);
+    pool.bytes[at..at + N].fill(0);
+    pool.used += N;
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pooled ids: never repeated, across refills, and a forked child does
+    /// not hand out what its parent will.
+    #[test]
+    fn pooled_ids_are_never_handed_out_twice() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..(3 * ID_POOL / 16) {
+            assert!(seen.insert(random_ids::<16>()), "a repeated id");
+        }
+        let parent_next = {
+            // SAFETY: test only; the child only computes, writes to a pipe
+            // and exits without unwinding.
+            let (rd, wr) = nix::unistd::pipe().unwrap_or_else(|e| panic!("{e}"));
+            match unsafe { nix::unistd::fork() }.unwrap_or_else(|e| panic!("{e}")) {
+                nix::unistd::ForkResult::Child => {
+                    let id = random_ids::<16>();
+                    let _ = nix::unistd::write(&wr, &id);
+                    // SAFETY: leave the forked test process at once.
+                    unsafe { nix::libc::_exit(0) };
+                }
+                nix::unistd::ForkResult::Parent { child } => {
+                    drop(wr);
+                    let mut child_id = [0u8; 16];
+                    let mut f = std::fs::File::from(rd);
+                    std::io::Read::read_exact(&mut f, &mut child_id).unwrap_or_else(|e| panic!("{e}"));
+                    let _ = nix::sys::wait::waitpid(child, None);
+                    (child_id, random_ids::<16>())
+                }
+            }
+        };
+        assert_ne!(parent_next.0, parent_next.1, "the child refilled its pool");
+        assert!(!seen.contains(&parent_next.0) && !seen.contains(&parent_next.1));
+    }
 
     #[test]
     fn hex_is_lower_case_and_complete() {

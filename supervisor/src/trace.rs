@@ -22,7 +22,7 @@ pub struct CallTrace {
     pub tracestate_rejected: bool,
 }
 
-pub(crate) use snowluma_proto::bytes::{hex, random_bytes};
+pub(crate) use snowluma_proto::bytes::{hex, random_bytes, random_ids};
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -61,11 +61,11 @@ fn valid_tracestate(ts: &str) -> bool {
 impl CallTrace {
     pub fn from_meta(meta: &Meta) -> CallTrace {
         let tp = meta.get("traceparent").and_then(|v| v.as_str());
-        // One getrandom for both ids: bytes 0..8 the span, 8..24 a new trace
+        // Both ids from the pool: bytes 0..8 the span, 8..24 a new trace
         // (neither may be all zeros).
-        let mut random = random_bytes::<24>();
+        let mut random = random_ids::<24>();
         while random[..8].iter().all(|b| *b == 0) || random[8..].iter().all(|b| *b == 0) {
-            random = random_bytes::<24>();
+            random = random_ids::<24>();
         }
         let span = hex(&random[..8]);
         let fresh = || hex(&random[8..]);
