@@ -24,6 +24,7 @@ pub mod json;
 pub mod keys;
 pub mod msg;
 pub mod outcome;
+pub mod rt;
 pub mod session;
 pub mod sockio;
 pub mod spawn;

@@ -3,6 +3,15 @@
 //! the roles only this binary starts: a confined worker, `serve-http`'s
 //! HTTP front, an escape probe. Otherwise the command line is parsed: the
 //! stdio server (no subcommand), `serve-http`'s launcher, `doctor`, `audit`.
+//!
+//! The C `main` is ours (`no_main`): std's runtime set-up would, in every
+//! process of the tree, read and parse `/proc/self/maps` to place the main
+//! thread's stack guard (glibc's `pthread_getattr_np`), a fifth of an
+//! empty program's start-up on this kind of VM. What else that set-up
+//! does is done here: descriptors 0-2 opened on `/dev/null` if closed,
+//! `SIGPIPE` ignored, and stdout flushed at the end. A stack overflow then
+//! ends the process with `SIGSEGV` instead of std's message first.
+#![cfg_attr(not(test), no_main)]
 
 use std::process::ExitCode;
 
@@ -13,7 +22,22 @@ use snowluma_proto::session::FRONT_ARG;
 use snowluma_proto::{Role, WORKER_ARG};
 use snowluma_sandbox::probe::PROBE_ARG;
 
+/// The process's entry point (see the module docs).
+#[cfg(not(test))]
+#[unsafe(no_mangle)]
+extern "C" fn main(_argc: std::ffi::c_int, _argv: *const *const std::ffi::c_char) -> std::ffi::c_int {
+    // std takes the arguments itself (glibc hands them to its .init_array hook).
+    snowluma_proto::rt::start();
+    let code = run();
+    snowluma_proto::rt::finish(code)
+}
+
+#[cfg(test)]
 fn main() -> ExitCode {
+    run()
+}
+
+fn run() -> ExitCode {
     snowluma_proto::alloc::tune();
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize| args.get(i).map(String::as_str);
