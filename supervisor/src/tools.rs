@@ -455,6 +455,17 @@ fn annotations(h: Hints) -> ToolAnnotations {
 
 /// The MCP definition of `spec`.
 pub fn definition(spec: ToolSpec) -> Tool {
+    // Built once per tool, then cloned: its schemas are shared (`Arc`), so
+    // a listing builds no JSON (a tools/list built them all, ~150 µs).
+    static BUILT: [std::sync::OnceLock<Tool>; TOOLS.len() + TASK_TOOLS.len()] =
+        [const { std::sync::OnceLock::new() }; TOOLS.len() + TASK_TOOLS.len()];
+    match TOOLS.iter().chain(TASK_TOOLS.iter()).position(|t| t.name == spec.name) {
+        Some(i) => BUILT[i].get_or_init(|| build(spec)).clone(),
+        None => build(spec),
+    }
+}
+
+fn build(spec: ToolSpec) -> Tool {
     Tool::new(spec.name, spec.description, obj((spec.input_schema)()))
         .with_raw_output_schema(output_schema((spec.result_schema)()))
         .with_annotations(annotations(spec.hints))
