@@ -143,22 +143,46 @@ impl Subscription {
     }
 }
 
+/// What the filters read of an event, looked up once per event (each
+/// lookup hashes its key; 16 resources read 3 keys each).
+pub struct Keys {
+    /// Index into [`TYPES`]; `None` for any other `post_type`.
+    kind: Option<usize>,
+    group_id: Option<i64>,
+    user_id: Option<i64>,
+}
+
+impl Keys {
+    pub fn of(ev: &Map<String, Value>) -> Keys {
+        Keys {
+            kind: match ev.get("post_type").and_then(Value::as_str) {
+                Some("message" | "message_sent") => Some(0),
+                Some("notice") => Some(1),
+                Some("request") => Some(2),
+                _ => None,
+            },
+            group_id: ev.get("group_id").and_then(Value::as_i64),
+            user_id: ev.get("user_id").and_then(Value::as_i64),
+        }
+    }
+}
+
 impl Filter {
+    #[cfg(test)]
     pub fn matches(&self, ev: &Map<String, Value>) -> bool {
-        let kind = match ev.get("post_type").and_then(Value::as_str) {
-            Some("message" | "message_sent") => 0,
-            Some("notice") => 1,
-            Some("request") => 2,
-            _ => return false,
-        };
+        self.matches_keys(&Keys::of(ev))
+    }
+
+    pub fn matches_keys(&self, keys: &Keys) -> bool {
+        let Some(kind) = keys.kind else { return false };
         if !self.types[kind] {
             return false;
         }
-        let has = |list: &Option<Vec<i64>>, key: &str| match list {
+        let has = |list: &Option<Vec<i64>>, id: Option<i64>| match list {
             None => true,
-            Some(ids) => ev.get(key).and_then(Value::as_i64).is_some_and(|id| ids.binary_search(&id).is_ok()),
+            Some(ids) => id.is_some_and(|id| ids.binary_search(&id).is_ok()),
         };
-        has(&self.group_ids, "group_id") && has(&self.user_ids, "user_id")
+        has(&self.group_ids, keys.group_id) && has(&self.user_ids, keys.user_id)
     }
 
     fn to_json(&self) -> Value {
@@ -524,8 +548,9 @@ fn handle(state: &Arc<Mutex<State>>, m: EventMsg, self_id: i64, generation: u64,
     let mut targets: Vec<(String, Vec<Target>)> = Vec::new();
     let State { resources, listeners, scope, .. } = &mut *st;
     let mut kept = false;
+    let keys = Keys::of(&ev);
     for (id, r) in resources.iter_mut() {
-        if !r.filter.matches(&ev) {
+        if !r.filter.matches_keys(&keys) {
             continue;
         }
         kept = true;
