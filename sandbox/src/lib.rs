@@ -24,6 +24,7 @@
 //! entry points). The least-privilege matrix is written out in
 //! ARCHITECTURE.md ("Confinement").
 
+mod bpf;
 pub mod exec;
 pub mod fds;
 pub mod landlock;

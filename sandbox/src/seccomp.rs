@@ -1,6 +1,6 @@
-//! seccomp-bpf: compile a process's lists ([`crate::policy`]) with
-//! `seccompiler` and install it on the (single) calling thread; threads
-//! created later inherit it.
+//! seccomp-bpf: compile a process's lists ([`crate::policy`]) (the rules
+//! with `seccompiler`, laid out by [`crate::bpf`]) and install them on the
+//! (single) calling thread; threads created later inherit them.
 //!
 //! Mismatch kills the whole process (`SECCOMP_RET_KILL_PROCESS`, seen by the
 //! supervisor as death by `SIGSYS`). A second, smaller filter answers a few
@@ -10,9 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
-};
+use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
 use snowluma_proto::Role;
 
 use crate::policy::{self, Allow, Cmp};
@@ -25,16 +23,29 @@ pub enum SeccompError {
     Build(#[from] seccompiler::BackendError),
     #[error("installing the seccomp filter: {0}")]
     Install(#[from] seccompiler::Error),
+    #[error("laying out the seccomp filter: {0}")]
+    Layout(#[from] crate::bpf::BpfError),
 }
 
-fn arch() -> Result<TargetArch, SeccompError> {
+/// `seccomp_data.arch` of this build's architecture (`AUDIT_ARCH_*`).
+fn audit_arch() -> Result<u32, SeccompError> {
     if cfg!(target_arch = "x86_64") {
-        Ok(TargetArch::x86_64)
+        Ok(0xC000_003E)
     } else if cfg!(target_arch = "aarch64") {
-        Ok(TargetArch::aarch64)
+        Ok(0xC000_00B7)
     } else {
         Err(SeccompError::UnsupportedArch)
     }
+}
+
+/// One program: the calls in `rules` get `matched` (when their conditions
+/// hold), every other call `mismatch`.
+fn program(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    mismatch: SeccompAction,
+    matched: SeccompAction,
+) -> Result<BpfProgram, SeccompError> {
+    Ok(crate::bpf::program(rules, mismatch, matched, audit_arch()?)?)
 }
 
 fn condition(c: Cmp, self_pid: u64) -> Result<SeccompCondition, SeccompError> {
@@ -74,6 +85,10 @@ pub fn compile(role: Role, mismatch: SeccompAction) -> Result<Vec<BpfProgram>, S
     compile_lists(policy::extra(role), policy::refused(role), mismatch)
 }
 
+/// What one program is made of: the listed calls' rules, the action of
+/// every other call, and the listed calls' action.
+type Spec = (BTreeMap<i64, Vec<SeccompRule>>, SeccompAction, SeccompAction);
+
 /// Compile [`policy::BASE`] plus `extra`, with `refused` calls answered by
 /// their errno.
 pub fn compile_lists(
@@ -81,24 +96,28 @@ pub fn compile_lists(
     refused: &[(i32, &[Allow])],
     mismatch: SeccompAction,
 ) -> Result<Vec<BpfProgram>, SeccompError> {
-    let arch = arch()?;
+    programs(specs_of_lists(extra, refused, mismatch)?)
+}
+
+fn programs(specs: Vec<Spec>) -> Result<Vec<BpfProgram>, SeccompError> {
+    specs.into_iter().map(|(rules, mismatch, matched)| program(rules, mismatch, matched)).collect()
+}
+
+fn specs_of_lists(
+    extra: &[Allow],
+    refused: &[(i32, &[Allow])],
+    mismatch: SeccompAction,
+) -> Result<Vec<Spec>, SeccompError> {
     let self_pid = u64::from(std::process::id());
     // Calls refused with an errno must pass the allow-list filter (a kill
     // there would win); the errno filter then answers them.
     let passed: Vec<Allow> =
         refused.iter().flat_map(|(_, list)| list.iter()).map(|a| Allow { name: a.name, nr: a.nr, when: &[] }).collect();
     let allows: Vec<&Allow> = policy::BASE.iter().chain(extra).chain(passed.iter()).collect();
-    let allow = SeccompFilter::new(rules(&allows, self_pid)?, mismatch, SeccompAction::Allow, arch)?;
-    let mut out = vec![BpfProgram::try_from(allow)?];
+    let mut out = vec![(rules(&allows, self_pid)?, mismatch, SeccompAction::Allow)];
     for (errno, list) in refused {
         let list: Vec<&Allow> = list.iter().collect();
-        let f = SeccompFilter::new(
-            rules(&list, self_pid)?,
-            SeccompAction::Allow,
-            SeccompAction::Errno(*errno as u32),
-            arch,
-        )?;
-        out.push(BpfProgram::try_from(f)?);
+        out.push((rules(&list, self_pid)?, SeccompAction::Allow, SeccompAction::Errno(*errno as u32)));
     }
     Ok(out)
 }
@@ -129,17 +148,17 @@ pub fn apply_spawner() -> Result<usize, SeccompError> {
 /// The spawner's two programs (the deny-list first, as [`install`] expects
 /// the one that may not call prctl last).
 pub fn compile_spawner() -> Result<Vec<BpfProgram>, SeccompError> {
+    programs(spawner_specs()?)
+}
+
+fn spawner_specs() -> Result<Vec<Spec>, SeccompError> {
     let pid = u64::from(std::process::id());
     let deny: Vec<&Allow> = policy::SPAWNER_DENY.iter().collect();
     let refused: Vec<&Allow> = policy::SPAWNER_REFUSED.iter().collect();
-    let kill = SeccompFilter::new(rules(&deny, pid)?, SeccompAction::Allow, SeccompAction::KillProcess, arch()?)?;
-    let errno = SeccompFilter::new(
-        rules(&refused, pid)?,
-        SeccompAction::Allow,
-        SeccompAction::Errno(nix::libc::EACCES as u32),
-        arch()?,
-    )?;
-    Ok(vec![BpfProgram::try_from(kill)?, BpfProgram::try_from(errno)?])
+    Ok(vec![
+        (rules(&deny, pid)?, SeccompAction::Allow, SeccompAction::KillProcess),
+        (rules(&refused, pid)?, SeccompAction::Allow, SeccompAction::Errno(nix::libc::EACCES as u32)),
+    ])
 }
 
 fn install(programs: Vec<BpfProgram>) -> Result<usize, SeccompError> {
@@ -155,6 +174,104 @@ fn install(programs: Vec<BpfProgram>) -> Result<usize, SeccompError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bpf::interp;
+
+    /// Every program this module builds, as its spec, by name.
+    fn every_spec() -> Vec<(String, Spec)> {
+        let mut all = Vec::new();
+        let mut add = |name: String, specs: Vec<Spec>| all.extend(specs.into_iter().map(|s| (name.clone(), s)));
+        for role in Role::ALL {
+            add(
+                format!("{role:?}"),
+                specs_of_lists(policy::extra(role), policy::refused(role), SeccompAction::KillProcess).unwrap(),
+            );
+        }
+        add(
+            "supervisor".into(),
+            specs_of_lists(policy::SUPERVISOR, policy::SUPERVISOR_REFUSED, SeccompAction::KillProcess).unwrap(),
+        );
+        add(
+            "front".into(),
+            specs_of_lists(policy::HTTP_FRONT, policy::HTTP_FRONT_REFUSED, SeccompAction::KillProcess).unwrap(),
+        );
+        add("spawner".into(), spawner_specs().unwrap());
+        all
+    }
+
+    /// Argument values around every constant a rule compares with.
+    fn probes(rules: &BTreeMap<i64, Vec<SeccompRule>>, pid: u64) -> Vec<u64> {
+        let mut v: Vec<u64> = vec![0, 1, 2, u64::MAX, u64::from(u32::MAX), 1 << 32, pid, pid + 1];
+        let text = format!("{rules:?}");
+        // The constants, from the rules' own Debug text (value: N, mask N).
+        for word in text.split(|c: char| !c.is_ascii_digit()).filter(|w| !w.is_empty()) {
+            if let Ok(n) = word.parse::<u64>() {
+                v.extend([n, n.wrapping_add(1), n.wrapping_sub(1), !n, n | 1, n & !1, n << 1, n | (1 << 32)]);
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The binary-search layout decides exactly as seccompiler's own
+    /// program: every call number (and numbers no architecture uses, the
+    /// x32 bit, -1), every argument value around every constant of the
+    /// rules in any argument, pairs of them, and other architectures.
+    #[test]
+    fn the_layout_decides_as_seccompiler_does() {
+        let arch = if cfg!(target_arch = "x86_64") {
+            seccompiler::TargetArch::x86_64
+        } else {
+            seccompiler::TargetArch::aarch64
+        };
+        let native = audit_arch().unwrap();
+        let pid = u64::from(std::process::id());
+        let mut checked = 0u64;
+        for (name, (rules, mismatch, matched)) in every_spec() {
+            let ours = program(rules.clone(), mismatch.clone(), matched.clone()).unwrap();
+            let theirs: BpfProgram = seccompiler::SeccompFilter::new(rules.clone(), mismatch, matched, arch)
+                .and_then(BpfProgram::try_from)
+                .unwrap();
+            let values = probes(&rules, pid);
+            let mut numbers: Vec<u32> = (0..1100).collect();
+            numbers.extend([0x4000_0000, 0x4000_0001, 0x4000_0000 | 59, u32::MAX, u32::MAX - 1, 1 << 31]);
+            for &nr in &numbers {
+                let mut cases: Vec<[u64; 6]> = vec![[0; 6]];
+                if rules.get(&i64::from(nr)).is_some_and(|r| !r.is_empty()) {
+                    for &a in &values {
+                        for i in 0..6 {
+                            let mut args = [0u64; 6];
+                            args[i] = a;
+                            cases.push(args);
+                        }
+                        cases.push([a; 6]);
+                        for &b in values.iter().step_by(3) {
+                            cases.push([a, b, a, b, a, b]);
+                            cases.push([b, a, b, a, b, a]);
+                        }
+                    }
+                }
+                for args in cases {
+                    for arch_word in [native, 0x4000_0003, 0] {
+                        let d = interp::data(nr, arch_word, args);
+                        assert_eq!(
+                            interp::run(&ours, &d),
+                            interp::run(&theirs, &d),
+                            "{name}: nr {nr}, arch {arch_word:#x}, args {args:?}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+            assert!(
+                ours.len() <= theirs.len() + 8,
+                "{name}: {} instructions against seccompiler's {}",
+                ours.len(),
+                theirs.len()
+            );
+        }
+        assert!(checked > 100_000, "{checked}");
+    }
 
     #[test]
     fn every_role_compiles() {
