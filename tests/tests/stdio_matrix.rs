@@ -256,3 +256,36 @@ fn stdout_and_stderr_on_one_pipe() {
     let replies: String = text.lines().filter(|l| l.starts_with('{')).map(|l| format!("{l}\n")).collect();
     check("2>&1", replies.as_bytes());
 }
+
+/// Started with standard descriptors closed (a careless host, a shell's
+/// `exec >&-`), the binary opens `/dev/null` on them first, as std's
+/// runtime does (the binary has its own C `main`): `--version` prints and
+/// succeeds with stdout closed, and with stdin and stderr closed a docs
+/// session sees EOF and ends cleanly, so nothing it opened later took
+/// number 0 or 2.
+#[test]
+fn closed_standard_descriptors_are_opened_on_dev_null() {
+    use std::os::unix::process::CommandExt;
+    let closed = |fds: &'static [i32], args: &[&str]| {
+        let mut cmd = Command::new(bin_path());
+        cmd.env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).args(args);
+        // SAFETY: between fork and exec only close(2), which is
+        // async-signal-safe, runs in the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in fds {
+                    nix::libc::close(*fd);
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        wait_exit(&mut child, "the binary with closed standard descriptors exits")
+    };
+    let st = closed(&[1], &["--version"]);
+    assert!(st.success(), "--version with stdout closed: {st}");
+    let st = closed(&[0, 2], &[]);
+    assert!(st.success(), "a docs session with stdin and stderr closed: {st}");
+    let st = closed(&[0, 1, 2], &[]);
+    assert!(st.success(), "a docs session with all three closed: {st}");
+}
