@@ -144,19 +144,9 @@ fn child_main(sock: OwnedFd, grants: &SpawnerGrants<'_>) -> Result<(), SpawnerEr
     // Confine first (the grants are descriptors, e.g. the download
     // directory), then keep only stderr, the socket and the executable.
     confine(grants).map_err(SpawnerError::Protocol)?;
-    // One close_range per gap; a descriptor at a time (the first 1024)
-    // only where the kernel has no close_range (before 5.9): a thousand
-    // system calls on the way to the first worker.
-    let keep = [sock.as_raw_fd(), SPAWNER_EXE_FD];
-    if snowluma_sandbox::fds::close_all_except(&[0, 1, 2, keep[0], keep[1]]).is_err() {
-        for fd in 3..1024 {
-            if !keep.contains(&fd) {
-                // SAFETY: closing descriptors this fresh child inherited; the
-                // ones it still needs are kept above.
-                unsafe { nix::libc::close(fd) };
-            }
-        }
-    }
+    // The workers' own check (`close_range` over the gaps), which every
+    // worker already needs the kernel to have.
+    snowluma_sandbox::fds::close_all_except(&[0, 1, 2, sock.as_raw_fd(), SPAWNER_EXE_FD])?;
 
     let mut children: HashMap<i32, Child> = HashMap::new();
     loop {

@@ -168,12 +168,7 @@ impl Keys {
 }
 
 impl Filter {
-    #[cfg(test)]
-    pub fn matches(&self, ev: &Map<String, Value>) -> bool {
-        self.matches_keys(&Keys::of(ev))
-    }
-
-    pub fn matches_keys(&self, keys: &Keys) -> bool {
+    pub fn matches(&self, keys: &Keys) -> bool {
         let Some(kind) = keys.kind else { return false };
         if !self.types[kind] {
             return false;
@@ -550,7 +545,7 @@ fn handle(state: &Arc<Mutex<State>>, m: EventMsg, self_id: i64, generation: u64,
     let mut kept = false;
     let keys = Keys::of(&ev);
     for (id, r) in resources.iter_mut() {
-        if !r.filter.matches_keys(&keys) {
+        if !r.filter.matches(&keys) {
             continue;
         }
         kept = true;
@@ -664,8 +659,9 @@ pub(crate) async fn tool_call(hub: &EventHub, op: Op, args: Value) -> ToolReply 
 mod tests {
     use super::*;
 
-    fn ev(v: Value) -> Map<String, Value> {
-        v.as_object().cloned().unwrap()
+    /// What the filters read of the event `v`.
+    fn ev(v: Value) -> Keys {
+        Keys::of(v.as_object().unwrap())
     }
 
     #[test]

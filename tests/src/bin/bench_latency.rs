@@ -18,15 +18,26 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use snowluma_e2e::Fake;
 
-fn direct_call(conn: &mut BufReader<TcpStream>, host: &str) -> Vec<u8> {
-    let body = br#"{"action":"get_status","params":{}}"#;
-    let head = format!(
+/// The body of the `get_status` request every path sends.
+const BODY: &[u8] = br#"{"action":"get_status","params":{}}"#;
+
+/// The head of that request.
+fn head(host: &str) -> String {
+    format!(
         "POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAuthorization: Bearer t\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
+        BODY.len()
+    )
+}
+
+/// The value of a `Content-Length` header line, if it is one.
+fn content_length(line: &str) -> Option<usize> {
+    line.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())
+}
+
+fn direct_call(conn: &mut BufReader<TcpStream>, host: &str) -> Vec<u8> {
     let s = conn.get_mut();
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    s.write_all(head(host).as_bytes()).unwrap();
+    s.write_all(BODY).unwrap();
     let mut len = 0usize;
     let mut line = String::new();
     loop {
@@ -35,9 +46,7 @@ fn direct_call(conn: &mut BufReader<TcpStream>, host: &str) -> Vec<u8> {
         if line == "\r\n" {
             break;
         }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap();
-        }
+        len = content_length(&line).unwrap_or(len);
     }
     let mut buf = vec![0u8; len];
     conn.read_exact(&mut buf).unwrap();
@@ -99,10 +108,12 @@ fn reactor_relay(pipe_stage: bool, host: &str) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         // Our own pipes from the stage before: safe to make non-blocking.
-        let stdin = pipe::Receiver::from_file(std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap()))
-            .unwrap();
+        let stdin =
+            pipe::Receiver::from_file(std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap()))
+                .unwrap();
         let mut out =
-            pipe::Sender::from_file(std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap())).unwrap();
+            pipe::Sender::from_file(std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap()))
+                .unwrap();
         let mut input = tokio::io::BufReader::new(stdin);
         let mut line = Vec::new();
         if pipe_stage {
@@ -128,12 +139,7 @@ fn reactor_relay(pipe_stage: bool, host: &str) {
             let conn = tokio::net::TcpStream::connect(host).await.unwrap();
             conn.set_nodelay(true).unwrap();
             let mut conn = tokio::io::BufReader::new(conn);
-            let body = br#"{"action":"get_status","params":{}}"#;
-            let head = format!(
-                "POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAuthorization: Bearer t\r\nContent-Length: {}\r\n\r\n",
-                body.len()
-            );
-            let request = [head.as_bytes(), body].concat();
+            let request = [head(host).as_bytes(), BODY].concat();
             let mut header = String::new();
             while input.read_until(b'\n', &mut line).await.unwrap() > 0 {
                 conn.get_mut().write_all(&request).await.unwrap();
@@ -144,9 +150,7 @@ fn reactor_relay(pipe_stage: bool, host: &str) {
                     if header == "\r\n" {
                         break;
                     }
-                    if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-                        len = v.trim().parse().unwrap();
-                    }
+                    len = content_length(&header).unwrap_or(len);
                 }
                 let mut reply = vec![0u8; len + 1];
                 conn.read_exact(&mut reply[..len]).await.unwrap();
