@@ -7,7 +7,9 @@
 //! `cargo run --release -p snowluma-e2e --bin bench-latency [-- N]`; prefix
 //! `taskset -c 0` to run everything on one CPU. `BENCH_TOOL` (`ping`,
 //! `get_runtime_info`, `list_categories`) or `BENCH_LINE` (a request line,
-//! `{id}` replaced) measure other requests; `BENCH_NO_RELAY=1` skips the floor.
+//! `{id}` replaced) measure other requests; `BENCH_NO_RELAY=1` skips the floor;
+//! `SNOWLUMA_MCP_LOG`, when set, is passed on to the server (its default
+//! level otherwise).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -55,10 +57,12 @@ fn direct_call(conn: &mut BufReader<TcpStream>, host: &str) -> Vec<u8> {
 }
 
 /// The relay floor: a do-nothing process chain of the same shape as the
-/// server's (client → stdio → process A → pipe → process B → HTTP), with
-/// blocking I/O and no parsing. Its cost over a direct call is what any
-/// two-process design pays on this host for the extra wake-ups; what
-/// snowluma-mcp adds beyond it is its own work.
+/// server's, over the same kinds of descriptor (client → stdio pipes →
+/// process A → Unix stream socketpair → process B → HTTP), with blocking
+/// I/O and no parsing. The client sends it the server's own request line,
+/// which A hands to B as it is. Its cost over a direct call is what any
+/// two-process design pays on this host for the extra wake-ups and copies;
+/// what snowluma-mcp adds beyond it is its own work.
 fn relay(args: &[String]) {
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
@@ -76,10 +80,10 @@ fn relay(args: &[String]) {
                 line.clear();
             }
         }
-        [mode, host] if mode == "--relay-pipe" => {
-            let mut next = spawn_self(&["--relay-http", host]);
-            let mut to_next = next.stdin.take().unwrap();
-            let mut from_next = BufReader::new(next.stdout.take().unwrap());
+        [mode, host] if mode == "--relay-chain" => {
+            let (mut next, socket) = spawn_stage("--relay-http", host);
+            let mut to_next = socket.try_clone().unwrap();
+            let mut from_next = BufReader::new(socket);
             let mut reply = Vec::new();
             while input.read_until(b'\n', &mut line).unwrap() > 0 {
                 to_next.write_all(&line).unwrap();
@@ -89,10 +93,10 @@ fn relay(args: &[String]) {
                 out.flush().unwrap();
                 line.clear();
             }
-            drop(to_next);
+            to_next.shutdown(std::net::Shutdown::Write).unwrap();
             let _ = next.wait();
         }
-        [mode, host] if mode.starts_with("--relay-reactor") => reactor_relay(mode == "--relay-reactor-pipe", host),
+        [mode, host] if mode.starts_with("--relay-reactor") => reactor_relay(mode == "--relay-reactor-chain", host),
         _ => panic!("unknown relay mode"),
     }
 }
@@ -102,29 +106,26 @@ fn relay(args: &[String]) {
 /// runtime (non-blocking I/O, `epoll_wait` before each read), still with no
 /// parsing beyond finding the end of a line or of an HTTP response. What
 /// snowluma-mcp adds beyond this floor is its own work, not the runtime's.
-fn reactor_relay(pipe_stage: bool, host: &str) {
+fn reactor_relay(first_stage: bool, host: &str) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     use tokio::net::unix::pipe;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        // Our own pipes from the stage before: safe to make non-blocking.
-        let stdin =
-            pipe::Receiver::from_file(std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap()))
-                .unwrap();
-        let mut out =
-            pipe::Sender::from_file(std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap()))
-                .unwrap();
-        let mut input = tokio::io::BufReader::new(stdin);
         let mut line = Vec::new();
-        if pipe_stage {
-            let mut next = tokio::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--relay-reactor-http", host])
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut to_next = next.stdin.take().unwrap();
-            let mut from_next = tokio::io::BufReader::new(next.stdout.take().unwrap());
+        if first_stage {
+            // Our own pipes from the client: safe to make non-blocking.
+            let stdin =
+                pipe::Receiver::from_file(std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap()))
+                    .unwrap();
+            let mut out =
+                pipe::Sender::from_file(std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap()))
+                    .unwrap();
+            let mut input = tokio::io::BufReader::new(stdin);
+            let (mut next, socket) = spawn_stage("--relay-reactor-http", host);
+            socket.set_nonblocking(true).unwrap();
+            let socket = tokio::net::UnixStream::from_std(socket).unwrap();
+            let (from_next, mut to_next) = socket.into_split();
+            let mut from_next = tokio::io::BufReader::new(from_next);
             let mut reply = Vec::new();
             while input.read_until(b'\n', &mut line).await.unwrap() > 0 {
                 to_next.write_all(&line).await.unwrap();
@@ -134,8 +135,13 @@ fn reactor_relay(pipe_stage: bool, host: &str) {
                 line.clear();
             }
             drop(to_next);
-            let _ = next.wait().await;
+            let _ = next.wait();
         } else {
+            // The socket from the stage before, as descriptors 0 and 1.
+            let socket = std::os::unix::net::UnixStream::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap());
+            socket.set_nonblocking(true).unwrap();
+            let (input, mut out) = tokio::net::UnixStream::from_std(socket).unwrap().into_split();
+            let mut input = tokio::io::BufReader::new(input);
             let conn = tokio::net::TcpStream::connect(host).await.unwrap();
             conn.set_nodelay(true).unwrap();
             let mut conn = tokio::io::BufReader::new(conn);
@@ -179,8 +185,9 @@ impl Relay {
         Relay { child, to, from, line: Vec::new() }
     }
 
-    fn call(&mut self) {
-        self.to.as_mut().unwrap().write_all(b"get_status\n").unwrap();
+    /// One round trip of `request` (a line).
+    fn call(&mut self, request: &[u8]) {
+        self.to.as_mut().unwrap().write_all(request).unwrap();
         self.line.clear();
         self.from.read_until(b'\n', &mut self.line).unwrap();
         assert!(self.line.starts_with(b"{"));
@@ -203,6 +210,21 @@ fn spawn_self(args: &[&str]) -> std::process::Child {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// This benchmark again, as the second relay stage, with one end of a Unix
+/// stream socketpair as its descriptors 0 and 1 (as the server's network
+/// executor has its IPC socket); the other end is returned.
+fn spawn_stage(mode: &str, host: &str) -> (std::process::Child, std::os::unix::net::UnixStream) {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let out = theirs.try_clone().unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([mode, host])
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stdout(std::process::Stdio::from(std::os::fd::OwnedFd::from(out)))
+        .spawn()
+        .unwrap();
+    (child, ours)
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -232,21 +254,20 @@ fn main() {
         direct_call(&mut conn, &host);
     }
 
-    let mut relay = Relay::start("--relay-pipe", &host);
-    let mut reactor = Relay::start("--relay-reactor-pipe", &host);
-    for _ in 0..200 {
-        relay.call();
-        reactor.call();
-    }
+    let mut relay = Relay::start("--relay-chain", &host);
+    let mut reactor = Relay::start("--relay-reactor-chain", &host);
 
     // Through the binary: a lean client that reads the child's stdout on
     // this thread, so the numbers measure the server, not a test harness.
-    let mut child = std::process::Command::new(snowluma_e2e::bin_path())
-        .env_clear()
-        .env("SNOWLUMA_MCP_ENDPOINT", &url)
-        .env("SNOWLUMA_MCP_TOKEN", "t")
-        // The default log level: every call writes its diagnostic line, as in
-        // production (to /dev/null here, like a client that discards stderr).
+    let mut server = std::process::Command::new(snowluma_e2e::bin_path());
+    server.env_clear().env("SNOWLUMA_MCP_ENDPOINT", &url).env("SNOWLUMA_MCP_TOKEN", "t");
+    // The default log level unless told: every call writes its diagnostic
+    // line, as in production (to /dev/null here, like a client that
+    // discards stderr).
+    if let Some(level) = std::env::var_os("SNOWLUMA_MCP_LOG") {
+        server.env("SNOWLUMA_MCP_LOG", level);
+    }
+    let mut child = server
         .stderr(std::process::Stdio::null())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -299,6 +320,8 @@ fn main() {
         };
     for _ in 0..200 {
         one(&mut stdin, &mut stdout, &mut line);
+        relay.call(&call_line(0));
+        reactor.call(&call_line(0));
     }
     let mut direct: Vec<Duration> = Vec::with_capacity(n);
     let mut mcp: Vec<Duration> = Vec::with_capacity(n);
@@ -311,10 +334,10 @@ fn main() {
         direct.push(t.elapsed());
         if with_relay {
             let t = Instant::now();
-            relay.call();
+            relay.call(&call_line(0));
             floor.push(t.elapsed());
             let t = Instant::now();
-            reactor.call();
+            reactor.call(&call_line(0));
             reactor_floor.push(t.elapsed());
         }
         let t = Instant::now();
