@@ -7,6 +7,7 @@
 mod args;
 mod audit;
 mod background;
+mod calllog;
 mod completion;
 mod completion_flow;
 mod confirm;

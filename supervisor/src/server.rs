@@ -201,7 +201,7 @@ impl ServerHandler for SnowlumaServer {
                 crate::preview::tool_call(&self.state, &args, crate::completion_flow::can_answer_form(&ctx))
             }
         };
-        log_call(spec, &trace, &reply, started);
+        log_call(spec, &trace, &reply, started, &ctx);
         let rendered = render(reply, &trace).into();
         snowluma_proto::alloc::after_start();
         Ok(rendered)
@@ -335,18 +335,24 @@ fn log_answered(spec: ToolSpec, trace: &CallTrace, outcome: &'static str, starte
     );
 }
 
-/// The log lines of a finished call: never arguments, contents, tokens or paths.
-fn log_call(spec: ToolSpec, trace: &CallTrace, reply: &ToolReply, started: Instant) {
+/// The log lines of a finished call: never arguments, contents, tokens or
+/// paths. The closing line is written once the answer is (`calllog`), or at
+/// once when the client cancelled the call (it gets no answer).
+fn log_call(spec: ToolSpec, trace: &CallTrace, reply: &ToolReply, started: Instant, ctx: &RequestContext<RoleServer>) {
     // One diagnostic line per call.
     if let Some(d) = trace.diagnostic() {
         tracing::info!(tool = spec.name, traceparent = %trace.traceparent, "{d}");
     }
-    tracing::info!(
-        tool = spec.name,
-        traceparent = %trace.traceparent,
-        outcome = reply.diagnostics.outcome.as_str(),
-        failure = reply.diagnostics.kind.map(|k| k.as_str()).unwrap_or("none"),
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-        "tool call"
-    );
+    let line = || crate::calllog::Line {
+        tool: spec.name,
+        traceparent: trace.traceparent.clone(),
+        outcome: reply.diagnostics.outcome.as_str(),
+        failure: reply.diagnostics.kind.map(|k| k.as_str()).unwrap_or("none"),
+        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+    };
+    if ctx.ct.is_cancelled() {
+        crate::calllog::write_now(line);
+    } else {
+        crate::calllog::hold(line);
+    }
 }

@@ -292,6 +292,7 @@ async fn serve(
         session.cancel();
     });
     let r = running.waiting().await;
+    crate::calllog::write_held();
     // Background transfers outlive the session that started them: their
     // results go to the task store, read in a later session.
     if let Some(t) = &ends.tasks

@@ -112,6 +112,9 @@ impl LineTransport {
     /// One (trimmed, non-empty) input line: its envelope checked, parsed and
     /// accounted for; `None` when it was answered with an error or dropped.
     fn handle_line(&self, trimmed: &[u8]) -> Option<RxJsonRpcMessage<RoleServer>> {
+        // A call cancelled just after it finished got no answer: its line
+        // is written now at the latest.
+        crate::calllog::write_held();
         // A cheap look at the envelope (method, id, `_meta` version),
         // then the typed parse, straight from the bytes.
         let parsed =
@@ -202,6 +205,9 @@ impl Transport<RoleServer> for LineTransport {
             };
             let line = writer::encode(&item, modern, &server_info)?;
             out.deliver(&item, marker, line).await;
+            // The lines of the calls just answered, now that the client has
+            // their answers.
+            crate::calllog::write_held();
             Ok(())
         }
     }
