@@ -9,7 +9,8 @@
 //! `get_runtime_info`, `list_categories`) or `BENCH_LINE` (a request line,
 //! `{id}` replaced) measure other requests; `BENCH_NO_RELAY=1` skips the floor;
 //! `SNOWLUMA_MCP_LOG`, when set, is passed on to the server (its default
-//! level otherwise).
+//! level otherwise); `BENCH_STDERR=pipe` gives the server a stderr pipe that
+//! is read (`/dev/null` otherwise).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -263,16 +264,21 @@ fn main() {
     server.env_clear().env("SNOWLUMA_MCP_ENDPOINT", &url).env("SNOWLUMA_MCP_TOKEN", "t");
     // The default log level unless told: every call writes its diagnostic
     // line, as in production (to /dev/null here, like a client that
-    // discards stderr).
+    // discards stderr; with BENCH_STDERR=pipe, to a pipe this process
+    // reads on a thread of its own, like a host that keeps the log).
     if let Some(level) = std::env::var_os("SNOWLUMA_MCP_LOG") {
         server.env("SNOWLUMA_MCP_LOG", level);
     }
+    let read_stderr = std::env::var("BENCH_STDERR").is_ok_and(|v| v == "pipe");
     let mut child = server
-        .stderr(std::process::Stdio::null())
+        .stderr(if read_stderr { std::process::Stdio::piped() } else { std::process::Stdio::null() })
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    if let Some(mut err) = child.stderr.take() {
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    }
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
