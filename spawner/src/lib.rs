@@ -168,7 +168,7 @@ fn child_main(sock: OwnedFd, grants: &SpawnerGrants<'_>) -> Result<(), SpawnerEr
                         reap_all(&mut children);
                         return Ok(());
                     }
-                    snowluma_proto::alloc::after_start();
+                    snowluma_proto::alloc::after_start_uncut();
                 }
                 Ok(Some((ToSpawner::Kill { pid }, _))) => {
                     if let Some(c) = children.get(&pid) {

@@ -202,9 +202,7 @@ impl ServerHandler for SnowlumaServer {
             }
         };
         log_call(spec, &trace, &reply, started, &ctx);
-        let rendered = render(reply, &trace).into();
-        snowluma_proto::alloc::after_start();
-        Ok(rendered)
+        Ok(render(reply, &trace).into())
     }
 
     async fn get_task(

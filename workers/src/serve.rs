@@ -125,7 +125,18 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<FromWorker>();
     let writer = tokio::spawn(async move {
         while let Some(first) = out_rx.recv().await {
-            let (batch, largest) = snowluma_proto::frame::batch(first, || out_rx.try_recv().ok(), frame_or_substitute);
+            // Start-up is over once a request has been answered (not at
+            // `Configured`, which comes in the middle of the cold start).
+            let mut answered = matches!(first, FromWorker::Reply { .. });
+            let (batch, largest) = snowluma_proto::frame::batch(
+                first,
+                || {
+                    let next = out_rx.try_recv().ok();
+                    answered |= matches!(next, Some(FromWorker::Reply { .. }));
+                    next
+                },
+                frame_or_substitute,
+            );
             if batch.is_empty() {
                 continue;
             }
@@ -133,7 +144,9 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
             drop(batch);
             // After a large reply, not after a batch of many small ones.
             snowluma_proto::alloc::after_large(largest);
-            snowluma_proto::alloc::after_start();
+            if answered {
+                snowluma_proto::alloc::after_start();
+            }
             if let Err(e) = written {
                 // The socket itself is broken: the supervisor sees it close,
                 // restarts this worker and logs it.

@@ -208,6 +208,13 @@ impl Transport<RoleServer> for LineTransport {
             // The lines of the calls just answered, now that the client has
             // their answers.
             crate::calllog::write_held();
+            // Start-up is over once a first tool answer is out: drop its
+            // code's mappings (once), off the path of that answer.
+            if let JsonRpcMessage::Response(r) = &item
+                && matches!(r.result, rmcp::model::ServerResult::CallToolResult(_))
+            {
+                snowluma_proto::alloc::after_start();
+            }
             Ok(())
         }
     }
