@@ -78,6 +78,12 @@ fn frame_or_substitute(msg: FromWorker) -> Option<Vec<u8>> {
     }
 }
 
+/// A message about a request (its reply, progress or an event of it): the
+/// first one written ends the worker's start-up.
+fn serves_a_request(msg: &FromWorker) -> bool {
+    matches!(msg, FromWorker::Reply { .. } | FromWorker::Progress { .. } | FromWorker::Event { .. })
+}
+
 /// Whether an IPC error only means that the supervisor has gone away (the
 /// ordinary end of every session): no error to report.
 fn supervisor_gone(e: &FrameError) -> bool {
@@ -125,14 +131,14 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<FromWorker>();
     let writer = tokio::spawn(async move {
         while let Some(first) = out_rx.recv().await {
-            // Start-up is over once a request has been answered (not at
+            // Start-up is over once a request has been served (not at
             // `Configured`, which comes in the middle of the cold start).
-            let mut answered = matches!(first, FromWorker::Reply { .. });
+            let mut answered = serves_a_request(&first);
             let (batch, largest) = snowluma_proto::frame::batch(
                 first,
                 || {
                     let next = out_rx.try_recv().ok();
-                    answered |= matches!(next, Some(FromWorker::Reply { .. }));
+                    answered |= next.as_ref().is_some_and(serves_a_request);
                     next
                 },
                 frame_or_substitute,
@@ -212,6 +218,23 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker's start-up ends with its first message about a request,
+    /// never with the handshake's or configuration's.
+    #[test]
+    fn start_up_ends_with_the_first_message_about_a_request() {
+        let progress = snowluma_proto::Progress { progress: 1.0, total: None, message: None };
+        for msg in [
+            FromWorker::Reply { id: 1, reply: Reply::Tool(snowluma_proto::ToolReply::ok(&serde_json::json!({}))) },
+            FromWorker::Progress { id: 1, progress },
+            FromWorker::Event { id: 1, event: snowluma_proto::EventMsg::Connected },
+        ] {
+            assert!(serves_a_request(&msg), "{msg:?}");
+        }
+        for msg in [FromWorker::Configured, FromWorker::Ready { build: BUILD_ID.to_owned(), pid: 1 }] {
+            assert!(!serves_a_request(&msg), "{msg:?}");
+        }
+    }
 
     /// An oversized reply becomes an error reply for the same request, which
     /// fits; small messages pass unchanged.
