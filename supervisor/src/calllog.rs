@@ -131,6 +131,15 @@ mod tests {
         }
     }
 
+    /// Run `f` on a new store, with every diagnostic line written to the
+    /// buffer it is given.
+    fn captured(f: impl FnOnce(&Held, &Buf)) {
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+        tracing::subscriber::with_default(subscriber, || f(&Held::new(), &buf));
+    }
+
     fn line(n: usize) -> Line {
         Line {
             tool: "query_action",
@@ -145,11 +154,7 @@ mod tests {
     /// target it always had; past [`MAX_HELD`] lines are written at once.
     #[test]
     fn held_lines_are_written_after_the_answer_in_order_and_never_lost() {
-        let buf = Buf::default();
-        let writer = buf.clone();
-        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
-        tracing::subscriber::with_default(subscriber, || {
-            let held = Held::new();
+        captured(|held, buf| {
             held.hold(line(1));
             held.hold(line(2));
             assert_eq!(buf.text(), "", "nothing is written before the answer");
@@ -179,11 +184,7 @@ mod tests {
     /// once, after the lines already held.
     #[test]
     fn a_cancelled_call_s_line_is_written_at_once_after_the_held_ones() {
-        let buf = Buf::default();
-        let writer = buf.clone();
-        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
-        tracing::subscriber::with_default(subscriber, || {
-            let held = Held::new();
+        captured(|held, buf| {
             held.hold(line(1));
             held.write_all();
             held.hold(line(2));
