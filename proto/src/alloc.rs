@@ -73,8 +73,8 @@ pub fn after_start() {
 }
 
 /// [`after_start`] without the cut, for the spawner: it touches little of
-/// the binary (~0.1 MiB more mapped without the cut, in the worst page
-/// cache state), and its first spawn is in the middle of the cold start,
+/// the binary (~0.3 MiB more mapped without the cut, with the whole binary
+/// in the page cache), and its first spawn is in the middle of the cold start,
 /// where the cut's CPU would delay the workers' start.
 pub fn after_start_uncut() {
     static ONCE: std::sync::Once = std::sync::Once::new();
