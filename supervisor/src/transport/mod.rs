@@ -40,6 +40,7 @@ pub use fast::RawArguments;
 pub use line::MAX_LINE_BYTES;
 use line::{Line, LineReader, recover_id};
 use session::{Admission, State, Wait};
+use writer::Company;
 use writer::Out;
 pub use writer::StdoutState;
 
@@ -199,12 +200,18 @@ impl Transport<RoleServer> for LineTransport {
                 }
                 _ => None,
             };
-            let modern = match id {
-                Some(key) => state.lock().map(|mut s| s.answered(&key)).unwrap_or(false),
-                None => false,
+            let (modern, company) = match id {
+                Some(key) => state
+                    .lock()
+                    .map(|mut s| {
+                        let modern = s.answered(&key);
+                        (modern, if s.in_flight() > 0 { Company::Expected } else { Company::Alone })
+                    })
+                    .unwrap_or((false, Company::Alone)),
+                None => (false, Company::Alone),
             };
             let line = writer::encode(&item, modern, &server_info)?;
-            out.deliver(&item, marker, line).await;
+            out.deliver(&item, marker, line, company).await;
             // The lines of the calls just answered, now that the client has
             // their answers.
             crate::calllog::write_held();

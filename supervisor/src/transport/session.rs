@@ -195,6 +195,12 @@ impl State {
         Admission::Pass { cancelled: false }
     }
 
+    /// How many of the client's requests are in flight (accepted, not yet
+    /// answered or cancelled).
+    pub(super) fn in_flight(&self) -> usize {
+        self.accepted.len()
+    }
+
     /// The request with this id (as JSON text) is answered; whether it was
     /// a modern one.
     pub(super) fn answered(&mut self, key: &str) -> bool {

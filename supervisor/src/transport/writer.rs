@@ -1,6 +1,8 @@
 //! The outbound side: every message written to stdout, by rmcp's sends and
-//! by the transport's own error replies. One complete line per write; the
-//! first failed write ends the session; a reply that follows a progress
+//! by the transport's own error replies. Messages are whole lines, written
+//! in the order they were sent; the lines that become ready together (calls
+//! answered in the same turn of the runtime) go out in one write. The first
+//! failed write ends the session; a reply that follows a progress
 //! notification waits (briefly) until the client has read the notification.
 
 use std::sync::Arc;
@@ -30,8 +32,41 @@ pub(super) struct Out {
     pub(super) answered: tokio::sync::Notify,
     /// How much of stdout the client has not read (sockets and pipes).
     unread: Option<crate::stdio::Unread>,
-    /// The last message written was a progress notification.
+    /// Lines sent but not written yet, in the order they were sent; taken
+    /// whole by the next sender to hold `w`.
+    pending: std::sync::Mutex<Vec<Line>>,
+    /// The last message written was a progress notification (changed only
+    /// by the holder of `w`).
     after_progress: AtomicBool,
+}
+
+/// What a line is, for the one ordering rule a write must keep.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Kind {
+    /// A progress notification: a reply written after it waits until the
+    /// client has read it.
+    Progress,
+    /// A response or an error response from rmcp.
+    Reply,
+    /// Anything else; leaves the progress rule as it was.
+    Other,
+}
+
+/// Whether other answers may be ready to share a line's write: only then
+/// does a sender let the runtime run them before it writes (one more turn
+/// of the reactor, which a lone call would pay for nothing).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Company {
+    /// No other call is in flight.
+    Alone,
+    /// Other calls are in flight; their answers may be ready now.
+    Expected,
+}
+
+/// One complete message, newline included.
+struct Line {
+    bytes: Vec<u8>,
+    kind: Kind,
 }
 
 impl Out {
@@ -42,6 +77,7 @@ impl Out {
             gone_notify: tokio::sync::Notify::new(),
             answered: tokio::sync::Notify::new(),
             unread,
+            pending: std::sync::Mutex::new(Vec::new()),
             after_progress: AtomicBool::new(false),
         }
     }
@@ -65,20 +101,64 @@ impl Out {
         }
     }
 
-    /// Write one message (a complete line). A failed write means stdout's
-    /// reader is gone (or stdout is unusable): nothing more can be
-    /// delivered, so the first failure is logged once and ends the session;
-    /// later messages are discarded without another line.
-    async fn send_line(&self, line: Vec<u8>) {
-        if self.gone.load(Ordering::Acquire) {
+    /// Write one message (a complete line); returns once it is written (or
+    /// cannot be). The line joins the pending ones; with company expected
+    /// the runtime first runs the other tasks that are ready (whose answers
+    /// may join it); whoever then holds `w` first writes every pending line
+    /// at once; a sender that
+    /// finds nothing pending had its line written by an earlier holder,
+    /// which released `w` only after writing it.
+    ///
+    /// A failed write means stdout's reader is gone (or stdout is unusable):
+    /// nothing more can be delivered, so the first failure is logged once
+    /// and ends the session; later messages are discarded without another
+    /// line.
+    async fn send_line(&self, bytes: Vec<u8>, kind: Kind, company: Company) {
+        if self.is_gone() {
             return;
         }
-        let len = line.len();
-        let res = self.w.lock().await.write_all(line).await;
+        lock(&self.pending).push(Line { bytes, kind });
+        if company == Company::Expected {
+            tokio::task::yield_now().await;
+        }
+        let mut w = self.w.lock().await;
+        let lines = std::mem::take(&mut *lock(&self.pending));
+        if lines.is_empty() {
+            return;
+        }
+        let mut after_progress = self.after_progress.load(Ordering::Acquire);
+        let mut batch = Vec::with_capacity(lines.iter().map(|l| l.bytes.len()).sum());
+        for line in lines {
+            if line.kind == Kind::Reply && after_progress {
+                // The client reads the notification before the reply.
+                if !batch.is_empty() && !self.write(&mut w, std::mem::take(&mut batch)).await {
+                    return;
+                }
+                self.wait_read().await;
+            }
+            match line.kind {
+                Kind::Progress => after_progress = true,
+                Kind::Reply => after_progress = false,
+                Kind::Other => {}
+            }
+            batch.extend_from_slice(&line.bytes);
+        }
+        if self.write(&mut w, batch).await {
+            self.after_progress.store(after_progress, Ordering::Release);
+        }
+    }
+
+    /// One write of whole lines; false (and the session ended) if it failed
+    /// or stdout was already gone.
+    async fn write(&self, w: &mut Output, batch: Vec<u8>) -> bool {
+        if self.is_gone() {
+            return false;
+        }
+        let len = batch.len();
+        let res = w.write_all(batch).await;
         snowluma_proto::alloc::after_large(len);
-        if let Err(e) = res
-            && !self.gone.swap(true, Ordering::AcqRel)
-        {
+        let Err(e) = res else { return true };
+        if !self.gone.swap(true, Ordering::AcqRel) {
             if crate::stdio::is_gone(&e) {
                 tracing::error!(error = %e, "stdout was closed by the client; ending the session");
             } else {
@@ -86,6 +166,7 @@ impl Out {
             }
             self.gone_notify.notify_one();
         }
+        false
     }
 
     /// Write one of rmcp's messages, already encoded as `line` (without its
@@ -97,6 +178,7 @@ impl Out {
         item: &TxJsonRpcMessage<RoleServer>,
         marker: Option<Vec<u8>>,
         mut line: Vec<u8>,
+        company: Company,
     ) {
         line.push(b'\n');
         if let Some(mut marker) = marker {
@@ -104,20 +186,18 @@ impl Out {
             marker.append(&mut line);
             line = marker;
         }
-        let is_reply = matches!(item, JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_));
-        let is_progress = matches!(
-            item,
-            JsonRpcMessage::Notification(n) if matches!(n.notification, rmcp::model::ServerNotification::ProgressNotification(_))
-        );
-        if is_reply && self.after_progress.swap(false, Ordering::AcqRel) {
-            self.wait_read().await;
-        }
+        let kind = match item {
+            JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_) => Kind::Reply,
+            JsonRpcMessage::Notification(n)
+                if matches!(n.notification, rmcp::model::ServerNotification::ProgressNotification(_)) =>
+            {
+                Kind::Progress
+            }
+            _ => Kind::Other,
+        };
         // A write failure is handled (logged once, session ended) by
         // `send_line`; telling rmcp as well would only log it again.
-        self.send_line(line).await;
-        if is_progress {
-            self.after_progress.store(true, Ordering::Release);
-        }
+        self.send_line(line, kind, company).await;
         self.answered.notify_one();
     }
 
@@ -130,7 +210,7 @@ impl Out {
             match serde_json::to_vec(&v) {
                 Ok(mut line) => {
                     line.push(b'\n');
-                    out.send_line(line).await;
+                    out.send_line(line, Kind::Other, Company::Alone).await;
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot serialize an error response"),
             }
@@ -165,11 +245,156 @@ pub(super) fn encode(
     })
 }
 
+/// The pending lines, even if a sender panicked while holding them (a
+/// `Vec` push or take leaves no broken state).
+fn lock(m: &std::sync::Mutex<Vec<Line>>) -> std::sync::MutexGuard<'_, Vec<Line>> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A handle on whether stdout failed, kept across the session.
 pub struct StdoutState(pub(super) Arc<Out>);
 
 impl StdoutState {
     pub fn gone(&self) -> bool {
         self.0.is_gone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll};
+
+    use super::*;
+
+    /// A stdout that records each write it is given, or fails every one.
+    #[derive(Clone, Default)]
+    struct Record {
+        writes: Arc<Mutex<Vec<Vec<u8>>>>,
+        attempts: Arc<Mutex<usize>>,
+        fail: bool,
+    }
+
+    impl Record {
+        fn writes(&self) -> Vec<Vec<u8>> {
+            self.writes.lock().unwrap().clone()
+        }
+        fn attempts(&self) -> usize {
+            *self.attempts.lock().unwrap()
+        }
+        fn out(&self) -> Arc<Out> {
+            Arc::new(Out::new(Output::Async(Box::new(self.clone())), None))
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Record {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            *self.attempts.lock().unwrap() += 1;
+            if self.fail {
+                return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+            }
+            self.writes.lock().unwrap().push(buf.to_vec());
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn line(n: usize) -> Vec<u8> {
+        format!("{{\"n\":{n}}}\n").into_bytes()
+    }
+
+    async fn send_together(out: &Arc<Out>, lines: Vec<(Vec<u8>, Kind)>) {
+        futures::future::join_all(lines.into_iter().map(|(l, kind)| out.send_line(l, kind, Company::Expected))).await;
+    }
+
+    #[tokio::test]
+    async fn lines_sent_together_go_out_in_one_write_in_their_order() {
+        let r = Record::default();
+        let out = r.out();
+        send_together(&out, (0..8).map(|n| (line(n), Kind::Reply)).collect()).await;
+        assert_eq!(r.writes(), vec![(0..8).flat_map(line).collect::<Vec<u8>>()]);
+    }
+
+    #[tokio::test]
+    async fn answers_from_separate_tasks_are_written_whole_and_in_the_order_sent() {
+        let r = Record::default();
+        let out = r.out();
+        let tasks: Vec<_> = (0..8)
+            .map(|n| {
+                let out = out.clone();
+                tokio::spawn(async move { out.send_line(line(n), Kind::Reply, Company::Expected).await })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let writes = r.writes();
+        assert!(writes.len() <= 8, "{} writes for 8 lines", writes.len());
+        assert!(writes.iter().all(|w| w.ends_with(b"\n")), "a write ended inside a line");
+        assert_eq!(writes.concat(), (0..8).flat_map(line).collect::<Vec<u8>>());
+    }
+
+    #[tokio::test]
+    async fn a_line_sent_alone_does_not_wait_for_company() {
+        let r = Record::default();
+        let out = r.out();
+        let sends = (0..3).map(|n| out.send_line(line(n), Kind::Reply, Company::Alone));
+        futures::future::join_all(sends).await;
+        assert_eq!(r.writes(), vec![line(0), line(1), line(2)]);
+    }
+
+    #[tokio::test]
+    async fn a_send_returns_once_its_line_is_written() {
+        let r = Record::default();
+        let out = r.out();
+        out.send_line(line(0), Kind::Reply, Company::Alone).await;
+        assert_eq!(r.writes(), vec![line(0)]);
+        out.send_line(line(1), Kind::Other, Company::Alone).await;
+        assert_eq!(r.writes(), vec![line(0), line(1)]);
+    }
+
+    #[tokio::test]
+    async fn a_reply_after_a_progress_notification_is_not_in_the_notification_s_write() {
+        let r = Record::default();
+        let out = r.out();
+        let (p, a, o, b) = (line(0), line(1), line(2), line(3));
+        send_together(
+            &out,
+            vec![
+                (p.clone(), Kind::Progress),
+                (a.clone(), Kind::Reply),
+                (o.clone(), Kind::Other),
+                (b.clone(), Kind::Reply),
+            ],
+        )
+        .await;
+        // The progress rule splits the batch before the first reply only.
+        assert_eq!(r.writes(), vec![p, [a, o, b].concat()]);
+        assert!(!out.after_progress.load(Ordering::Acquire));
+
+        // A progress notification last in a write is remembered for the next.
+        send_together(&out, vec![(line(4), Kind::Other), (line(5), Kind::Progress)]).await;
+        assert!(out.after_progress.load(Ordering::Acquire));
+        out.send_line(line(6), Kind::Reply, Company::Alone).await;
+        assert!(!out.after_progress.load(Ordering::Acquire));
+        assert_eq!(r.writes().concat(), (0..7).flat_map(line).collect::<Vec<u8>>());
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_ends_the_session_and_nothing_more_is_tried() {
+        let r = Record { fail: true, ..Record::default() };
+        let out = r.out();
+        send_together(&out, (0..3).map(|n| (line(n), Kind::Reply)).collect()).await;
+        assert!(out.is_gone());
+        assert_eq!(r.attempts(), 1, "the three lines were one write");
+        out.send_line(line(3), Kind::Reply, Company::Alone).await;
+        assert_eq!(r.attempts(), 1, "a write was tried after stdout was gone");
     }
 }
