@@ -311,6 +311,7 @@ impl Transport<RoleServer> for LineTransport {
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
+        self.out.write_pending().await;
         self.out.w.lock().await.flush().await?;
         Ok(())
     }

@@ -121,6 +121,14 @@ impl Out {
         if company == Company::Expected {
             tokio::task::yield_now().await;
         }
+        self.write_pending().await;
+    }
+
+    /// Write every pending line, in one write but where the progress rule
+    /// splits it. Also the session's last act ([`super::LineTransport`]'s
+    /// `close`): a send whose future was dropped after its line was queued
+    /// still has that line written.
+    pub(super) async fn write_pending(&self) {
         let mut w = self.w.lock().await;
         let lines = std::mem::take(&mut *lock(&self.pending));
         if lines.is_empty() {
@@ -385,6 +393,20 @@ mod tests {
         out.send_line(line(6), Kind::Reply, Company::Alone).await;
         assert!(!out.after_progress.load(Ordering::Acquire));
         assert_eq!(r.writes().concat(), (0..7).flat_map(line).collect::<Vec<u8>>());
+    }
+
+    #[tokio::test]
+    async fn a_line_whose_send_was_dropped_is_still_written_at_the_end() {
+        let r = Record::default();
+        let out = r.out();
+        // Dropped at its yield: the line is queued but not written.
+        let send = out.send_line(line(0), Kind::Reply, Company::Expected);
+        futures::pin_mut!(send);
+        assert!(futures::poll!(send.as_mut()).is_pending());
+        drop(send);
+        assert!(r.writes().is_empty());
+        out.write_pending().await;
+        assert_eq!(r.writes(), vec![line(0)]);
     }
 
     #[tokio::test]
