@@ -400,8 +400,7 @@ mod tests {
         let r = Record::default();
         let out = r.out();
         // Dropped at its yield: the line is queued but not written.
-        let send = out.send_line(line(0), Kind::Reply, Company::Expected);
-        futures::pin_mut!(send);
+        let mut send = Box::pin(out.send_line(line(0), Kind::Reply, Company::Expected));
         assert!(futures::poll!(send.as_mut()).is_pending());
         drop(send);
         assert!(r.writes().is_empty());
