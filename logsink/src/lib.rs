@@ -28,11 +28,28 @@
 //!
 //! A line longer than the pipe's atomic size (4 KiB) can be cut by a full
 //! pipe; the rest is dropped and the dropped-lines report starts on a new line.
+//!
+//! Lines a thread writes inside [`together`] go out at its end in as few
+//! writes as whole lines within the atomic size allow (the supervisor's
+//! closing lines of calls answered in one stdout write: one stderr write,
+//! not one per call).
 
+use std::cell::RefCell;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::{Mutex, OnceLock};
 
 const STDERR: RawFd = 2;
+
+/// What one write to a pipe never interleaves with another's (`PIPE_BUF`).
+const ATOMIC: usize = 4096;
+
+/// Most bytes gathered by [`together`] before they are written.
+const GATHER_MAX: usize = 16 * ATOMIC;
+
+thread_local! {
+    /// The lines of the [`together`] running on this thread.
+    static GATHERED: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+}
 
 /// How descriptor 2 is written (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,14 +73,6 @@ struct State {
     dropped: u64,
     /// The last write was cut short: the next one starts a new line.
     torn: bool,
-}
-
-/// How much of a buffer one attempt wrote.
-#[derive(Debug, PartialEq, Eq)]
-enum Wrote {
-    All,
-    Nothing,
-    Part,
 }
 
 static SINK: OnceLock<Sink> = OnceLock::new();
@@ -126,7 +135,87 @@ fn reopen_nonblocking() -> nix::Result<()> {
 /// Write one diagnostic line (ending in `\n`) without waiting; before
 /// [`prepare`], or if it was never called, as [`Mode::Direct`].
 pub fn write_line(line: &[u8]) {
-    SINK.get_or_init(|| Sink::new(STDERR, Mode::Direct)).emit(line);
+    let gathered = GATHERED.try_with(|g| match g.borrow_mut().as_mut() {
+        Some(buf) => {
+            if buf.len() + line.len() > GATHER_MAX {
+                sink().emit_lines(buf);
+                buf.clear();
+            }
+            buf.extend_from_slice(line);
+            true
+        }
+        None => false,
+    });
+    if gathered != Ok(true) {
+        sink().emit(line);
+    }
+}
+
+fn sink() -> &'static Sink {
+    SINK.get_or_init(|| Sink::new(STDERR, Mode::Direct))
+}
+
+/// Run `f`; the diagnostic lines this thread writes meanwhile are written
+/// at its end (or as it unwinds), in their order, together: one write for
+/// as many whole lines as fit in 4 KiB, so that a pipe never mixes them
+/// with another process's lines. Inside another `together`, the outer one
+/// writes them.
+pub fn together<R>(f: impl FnOnce() -> R) -> R {
+    together_into(sink(), f)
+}
+
+fn together_into<R>(sink: &Sink, f: impl FnOnce() -> R) -> R {
+    /// Writes the gathered lines when `f` returns or unwinds.
+    struct Gathering<'a>(Option<&'a Sink>);
+    impl Drop for Gathering<'_> {
+        fn drop(&mut self) {
+            let Some(sink) = self.0 else { return };
+            let lines = GATHERED.try_with(|g| g.borrow_mut().take()).ok().flatten();
+            if let Some(lines) = lines.filter(|l| !l.is_empty()) {
+                sink.emit_lines(&lines);
+            }
+        }
+    }
+    let outer = GATHERED
+        .try_with(|g| {
+            let mut g = g.borrow_mut();
+            let outer = g.is_none();
+            if outer {
+                *g = Some(Vec::new());
+            }
+            outer
+        })
+        .unwrap_or(false);
+    let _gathering = Gathering(outer.then_some(sink));
+    f()
+}
+
+/// `buf` cut at line ends into pieces of at most [`ATOMIC`] bytes (a longer
+/// line is a piece of its own).
+fn pieces(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = buf;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let window = &rest[..rest.len().min(ATOMIC)];
+        let end = match window.iter().rposition(|&b| b == b'\n') {
+            Some(i) if rest.len() > ATOMIC => i + 1,
+            _ if rest.len() <= ATOMIC => rest.len(),
+            // One line longer than the window: up to its end.
+            _ => rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |i| i + 1),
+        };
+        let (piece, tail) = rest.split_at(end);
+        rest = tail;
+        Some(piece)
+    })
+}
+
+/// How many lines `bytes` holds or begins (a last line without its `\n`
+/// counts).
+fn lines_in(bytes: &[u8]) -> u64 {
+    let ends = bytes.iter().filter(|&&b| b == b'\n').count() as u64;
+    ends + u64::from(!bytes.is_empty() && !bytes.ends_with(b"\n"))
 }
 
 impl Sink {
@@ -134,7 +223,16 @@ impl Sink {
         Sink { fd, mode, state: Mutex::new(State::default()) }
     }
 
-    fn emit(&self, line: &[u8]) {
+    /// Write lines gathered by [`together`], whole lines at a time.
+    fn emit_lines(&self, buf: &[u8]) {
+        for piece in pieces(buf) {
+            self.emit(piece);
+        }
+    }
+
+    /// Write one piece (a line, or whole lines within [`ATOMIC`]) in one
+    /// attempt; what does not fit is dropped and counted.
+    fn emit(&self, piece: &[u8]) {
         let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if st.dropped > 0 || st.torn {
             let report = format!(
@@ -142,31 +240,24 @@ impl Sink {
                 if st.torn { "\n" } else { "" },
                 st.dropped
             );
-            match self.write(report.as_bytes()) {
-                Wrote::All => *st = State::default(),
-                Wrote::Nothing => {
-                    st.dropped += 1;
-                    return;
-                }
-                Wrote::Part => {
-                    st.dropped += 1;
-                    st.torn = true;
-                    return;
-                }
+            let done = self.write(report.as_bytes());
+            if done < report.len() {
+                st.dropped += lines_in(piece);
+                st.torn |= done > 0;
+                return;
             }
+            *st = State::default();
         }
-        match self.write(line) {
-            Wrote::All => {}
-            Wrote::Nothing => st.dropped += 1,
-            Wrote::Part => {
-                st.dropped += 1;
-                st.torn = true;
-            }
+        let done = self.write(piece);
+        if done < piece.len() {
+            st.dropped += lines_in(&piece[done..]);
+            st.torn = done > 0 && piece[done - 1] != b'\n';
         }
     }
 
-    /// Write as much of `buf` as fits now (all of it for [`Mode::Direct`]).
-    fn write(&self, buf: &[u8]) -> Wrote {
+    /// Write as much of `buf` as fits now (all of it for [`Mode::Direct`]);
+    /// how many bytes were written.
+    fn write(&self, buf: &[u8]) -> usize {
         let mut done = 0;
         while done < buf.len() {
             if self.mode == Mode::Polled && !self.room() {
@@ -181,11 +272,7 @@ impl Sink {
                 Err(_) => break,
             }
         }
-        match done {
-            0 => Wrote::Nothing,
-            n if n == buf.len() => Wrote::All,
-            _ => Wrote::Part,
-        }
+        done
     }
 
     fn write_once(&self, buf: &[u8]) -> nix::Result<usize> {
@@ -288,6 +375,23 @@ mod tests {
         String::from_utf8(buf[..n].to_vec()).unwrap()
     }
 
+    /// The 99-`x` lines in `text`, and the lines its reports say were
+    /// dropped (any other line fails the test).
+    fn tally(text: &str) -> (u64, u64) {
+        let (mut lines, mut reported) = (0, 0);
+        for l in text.lines() {
+            if l.len() == 99 && l.bytes().all(|b| b == b'x') {
+                lines += 1;
+            } else {
+                let n = l
+                    .strip_prefix("snowluma-mcp: ")
+                    .and_then(|l| l.strip_suffix(" log lines dropped: stderr was full"));
+                reported += n.and_then(|n| n.parse::<u64>().ok()).unwrap_or_else(|| panic!("{l:?}"));
+            }
+        }
+        (lines, reported)
+    }
+
     /// A full pipe drops whole lines and counts them; once it is read, the
     /// next line is preceded by the count. (A sink over a pipe of its own,
     /// not this test process's stderr.)
@@ -308,17 +412,7 @@ mod tests {
             // Whole lines only: each a line written or a report of the
             // lines dropped before it (a report fits where a line did not).
             let text = read_all(&r);
-            let (mut lines, mut reported) = (0, 0);
-            for l in text.lines() {
-                if l.len() == 99 && l.bytes().all(|b| b == b'x') {
-                    lines += 1;
-                } else {
-                    let n = l
-                        .strip_prefix("snowluma-mcp: ")
-                        .and_then(|l| l.strip_suffix(" log lines dropped: stderr was full"));
-                    reported += n.and_then(|n| n.parse::<u64>().ok()).unwrap_or_else(|| panic!("{mode:?}: {l:?}"));
-                }
-            }
+            let (lines, reported) = tally(&text);
             assert!(text.ends_with('\n'));
             assert_eq!(lines + reported + dropped, 2000, "{mode:?}: every line written or counted");
             sink.emit(b"next\n");
@@ -326,6 +420,88 @@ mod tests {
             sink.emit(b"again\n");
             assert_eq!(read_all(&r), "again\n", "{mode:?}: reported once");
         }
+    }
+
+    /// Lines written inside `together` (nested ones included) go out at
+    /// its end as one write, in order; nothing before. (A datagram socket:
+    /// one `send` is one message.)
+    #[test]
+    fn lines_written_together_are_one_write() {
+        let (ours, theirs) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        let sink = Sink::new(ours.as_raw_fd(), Mode::Socket);
+        let mut buf = [0u8; 8192];
+        let n = together_into(&sink, || {
+            write_line(b"one\n");
+            together(|| write_line(b"two\n"));
+            write_line(b"three\n");
+            assert!(theirs.recv(&mut buf).is_err(), "written before the end");
+            3
+        });
+        assert_eq!(n, 3);
+        let got = theirs.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..got], b"one\ntwo\nthree\n");
+        assert!(theirs.recv(&mut buf).is_err(), "more than one write");
+        // Afterwards lines go one by one again (to the process's sink).
+        assert!(GATHERED.with(|g| g.borrow().is_none()));
+    }
+
+    /// A `together` that panics still writes what it gathered.
+    #[test]
+    fn lines_gathered_before_a_panic_are_written() {
+        let (ours, theirs) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let sink = Sink::new(ours.as_raw_fd(), Mode::Socket);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            together_into(&sink, || {
+                write_line(b"before\n");
+                panic!("in the middle");
+            })
+        }));
+        assert!(r.is_err());
+        let mut buf = [0u8; 64];
+        let got = theirs.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..got], b"before\n");
+        assert!(GATHERED.with(|g| g.borrow().is_none()));
+    }
+
+    /// Gathered lines are cut at line ends into pieces a pipe writes whole.
+    #[test]
+    fn pieces_are_whole_lines_within_the_atomic_size() {
+        let mut buf = Vec::new();
+        for n in 0..64 {
+            buf.extend(std::iter::repeat_n(b'a' + (n % 26) as u8, 199));
+            buf.push(b'\n');
+        }
+        buf.extend(std::iter::repeat_n(b'L', 5000));
+        buf.push(b'\n');
+        buf.extend(b"last, unended");
+        let pieces: Vec<&[u8]> = pieces(&buf).collect();
+        assert_eq!(pieces.concat(), buf);
+        for (i, p) in pieces.iter().enumerate() {
+            let last = i == pieces.len() - 1;
+            assert!(last || p.ends_with(b"\n"), "piece {i} ends inside a line");
+            assert!(p.len() <= ATOMIC || lines_in(p) == 1, "piece {i}: {} bytes", p.len());
+        }
+        assert_eq!(pieces.iter().filter(|p| p.len() > ATOMIC).count(), 1, "the long line alone");
+        assert_eq!(pieces.iter().map(|p| lines_in(p)).sum::<u64>(), 66);
+    }
+
+    /// Lines written together into a full pipe: every line written or
+    /// counted, whole lines only.
+    #[test]
+    fn lines_together_into_a_full_pipe_are_written_or_counted() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).unwrap();
+        let sink = Sink::new(w.as_raw_fd(), Mode::NonBlocking);
+        let line: Vec<u8> = [b'x'; 99].into_iter().chain(*b"\n").collect();
+        sink.emit_lines(&line.repeat(2000));
+        let dropped = sink.state.lock().unwrap().dropped;
+        let text = read_all(&r);
+        assert!(dropped > 0 && text.ends_with('\n'));
+        let (lines, reported) = tally(&text);
+        assert_eq!(lines + reported + dropped, 2000, "every line written or counted");
+        sink.emit(b"next\n");
+        assert_eq!(read_all(&r), format!("snowluma-mcp: {dropped} log lines dropped: stderr was full\nnext\n"));
     }
 
     /// A line cut short by a full pipe: the report starts on a new line.

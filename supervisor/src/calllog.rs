@@ -13,6 +13,8 @@
 //! once ([`write_now`]); one cancelled just after it finished is written
 //! with the next message either way. At most [`MAX_HELD`] wait; a line
 //! beyond them, or one that finds the store unusable, is written at once.
+//! The held lines are written together: with calls in flight, one stderr
+//! write carries the lines of every answer of one stdout write.
 
 use std::sync::Mutex;
 
@@ -74,14 +76,24 @@ impl Held {
         line.write();
     }
 
-    /// Write every held line, oldest first.
+    /// Write every held line, oldest first, together (the lines of calls
+    /// answered in one stdout write go out in one stderr write).
     pub(crate) fn write_all(&self) {
         if let Ok(mut held) = self.0.lock() {
             // Written under the lock so that two writers keep the order;
-            // a diagnostic write never waits (`snowluma_logsink`).
-            for line in held.drain(..) {
-                line.write();
+            // a diagnostic write never waits (`snowluma_logsink`). One
+            // line (a lone call's) needs no gathering.
+            if held.len() <= 1 {
+                if let Some(line) = held.pop() {
+                    line.write();
+                }
+                return;
             }
+            snowluma_logsink::together(|| {
+                for line in held.drain(..) {
+                    line.write();
+                }
+            });
         }
     }
 }
