@@ -46,9 +46,15 @@ const ATOMIC: usize = 4096;
 /// Most bytes gathered by [`together`] before they are written.
 const GATHER_MAX: usize = 16 * ATOMIC;
 
+/// A thread's [`together`]: whether one is running, and its lines (the
+/// buffer is kept between calls, so gathering allocates once per thread).
+struct Gather {
+    active: bool,
+    lines: Vec<u8>,
+}
+
 thread_local! {
-    /// The lines of the [`together`] running on this thread.
-    static GATHERED: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+    static GATHERED: RefCell<Gather> = const { RefCell::new(Gather { active: false, lines: Vec::new() }) };
 }
 
 /// How descriptor 2 is written (see the module docs).
@@ -135,16 +141,17 @@ fn reopen_nonblocking() -> nix::Result<()> {
 /// Write one diagnostic line (ending in `\n`) without waiting; before
 /// [`prepare`], or if it was never called, as [`Mode::Direct`].
 pub fn write_line(line: &[u8]) {
-    let gathered = GATHERED.try_with(|g| match g.borrow_mut().as_mut() {
-        Some(buf) => {
-            if buf.len() + line.len() > GATHER_MAX {
-                sink().emit_lines(buf);
-                buf.clear();
-            }
-            buf.extend_from_slice(line);
-            true
+    let gathered = GATHERED.try_with(|g| {
+        let mut g = g.borrow_mut();
+        if !g.active {
+            return false;
         }
-        None => false,
+        if g.lines.len() + line.len() > GATHER_MAX {
+            sink().emit_lines(&g.lines);
+            g.lines.clear();
+        }
+        g.lines.extend_from_slice(line);
+        true
     });
     if gathered != Ok(true) {
         sink().emit(line);
@@ -166,27 +173,25 @@ pub fn together<R>(f: impl FnOnce() -> R) -> R {
 
 fn together_into<R>(sink: &Sink, f: impl FnOnce() -> R) -> R {
     /// Writes the gathered lines when `f` returns or unwinds.
-    struct Gathering<'a>(Option<&'a Sink>);
+    struct Gathering<'a>(&'a Sink);
     impl Drop for Gathering<'_> {
         fn drop(&mut self) {
-            let Some(sink) = self.0 else { return };
-            let lines = GATHERED.try_with(|g| g.borrow_mut().take()).ok().flatten();
-            if let Some(lines) = lines.filter(|l| !l.is_empty()) {
-                sink.emit_lines(&lines);
-            }
+            let _ = GATHERED.try_with(|g| {
+                let mut g = g.borrow_mut();
+                g.active = false;
+                // Emitting logs nothing, so the borrow is not re-entered.
+                self.0.emit_lines(&g.lines);
+                g.lines.clear();
+                // What a burst grew beyond the usual batch is given back.
+                g.lines.shrink_to(4 * ATOMIC);
+            });
         }
     }
-    let outer = GATHERED
-        .try_with(|g| {
-            let mut g = g.borrow_mut();
-            let outer = g.is_none();
-            if outer {
-                *g = Some(Vec::new());
-            }
-            outer
-        })
-        .unwrap_or(false);
-    let _gathering = Gathering(outer.then_some(sink));
+    let outer = GATHERED.try_with(|g| !std::mem::replace(&mut g.borrow_mut().active, true));
+    if outer != Ok(true) {
+        return f();
+    }
+    let _gathering = Gathering(sink);
     f()
 }
 
@@ -198,12 +203,14 @@ fn pieces(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
         if rest.is_empty() {
             return None;
         }
-        let window = &rest[..rest.len().min(ATOMIC)];
-        let end = match window.iter().rposition(|&b| b == b'\n') {
-            Some(i) if rest.len() > ATOMIC => i + 1,
-            _ if rest.len() <= ATOMIC => rest.len(),
-            // One line longer than the window: up to its end.
-            _ => rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |i| i + 1),
+        let end = if rest.len() <= ATOMIC {
+            rest.len()
+        } else {
+            match rest[..ATOMIC].iter().rposition(|&b| b == b'\n') {
+                Some(i) => i + 1,
+                // One line longer than ATOMIC: up to its end.
+                None => rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |i| i + 1),
+            }
         };
         let (piece, tail) = rest.split_at(end);
         rest = tail;
@@ -443,7 +450,7 @@ mod tests {
         assert_eq!(&buf[..got], b"one\ntwo\nthree\n");
         assert!(theirs.recv(&mut buf).is_err(), "more than one write");
         // Afterwards lines go one by one again (to the process's sink).
-        assert!(GATHERED.with(|g| g.borrow().is_none()));
+        assert!(GATHERED.with(|g| !g.borrow().active && g.borrow().lines.is_empty()));
     }
 
     /// A `together` that panics still writes what it gathered.
@@ -461,7 +468,7 @@ mod tests {
         let mut buf = [0u8; 64];
         let got = theirs.recv(&mut buf).unwrap();
         assert_eq!(&buf[..got], b"before\n");
-        assert!(GATHERED.with(|g| g.borrow().is_none()));
+        assert!(GATHERED.with(|g| !g.borrow().active && g.borrow().lines.is_empty()));
     }
 
     /// Gathered lines are cut at line ends into pieces a pipe writes whole.

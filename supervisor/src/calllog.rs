@@ -80,15 +80,11 @@ impl Held {
     /// answered in one stdout write go out in one stderr write).
     pub(crate) fn write_all(&self) {
         if let Ok(mut held) = self.0.lock() {
-            // Written under the lock so that two writers keep the order;
-            // a diagnostic write never waits (`snowluma_logsink`). One
-            // line (a lone call's) needs no gathering.
-            if held.len() <= 1 {
-                if let Some(line) = held.pop() {
-                    line.write();
-                }
+            if held.is_empty() {
                 return;
             }
+            // Written under the lock so that two writers keep the order;
+            // a diagnostic write never waits (`snowluma_logsink`).
             snowluma_logsink::together(|| {
                 for line in held.drain(..) {
                     line.write();
