@@ -5,7 +5,7 @@
 use rmcp::RoleServer;
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject, ProtocolVersion};
 use rmcp::service::RequestContext;
-use serde_json::{Value, json};
+use serde_json::{Map, Value};
 use snowluma_proto::{Diagnostics, FailureKind, Reply, ToolReply, WorkerError};
 
 use crate::trace::CallTrace;
@@ -70,7 +70,8 @@ pub(crate) fn call_error_reply(e: CallError, write: bool) -> ToolReply {
 
 /// Render a finished call: `structuredContent` `{result, diagnostics}`, the
 /// result's JSON (or the error message) as the text block, and the call's
-/// `traceparent` in `_meta`.
+/// `traceparent` in `_meta`. The result is parsed once and moved into the
+/// structured content (`json!` would copy it value by value).
 pub fn render(reply: ToolReply, trace: &CallTrace) -> CallToolResult {
     let result = match &reply.result {
         Some(t) => t.parse().unwrap_or(Value::Null),
@@ -79,19 +80,34 @@ pub fn render(reply: ToolReply, trace: &CallTrace) -> CallToolResult {
     let text = if reply.is_error {
         reply.diagnostics.message.clone().unwrap_or_else(|| "tool call failed".to_owned())
     } else {
-        serde_json::to_string_pretty(&result).unwrap_or_default()
+        pretty(&result, reply.result.as_ref().map_or(0, |t| t.0.len()))
     };
-    let structured = json!({"result": result, "diagnostics": reply.diagnostics.to_json()});
+    let mut structured = Map::with_capacity(2);
+    structured.insert("result".to_owned(), result);
+    structured.insert("diagnostics".to_owned(), reply.diagnostics.to_json());
     let mut out = if reply.is_error {
         CallToolResult::error(vec![ContentBlock::text(text)])
     } else {
         CallToolResult::success(vec![ContentBlock::text(text)])
     };
-    out.structured_content = Some(structured);
+    out.structured_content = Some(Value::Object(structured));
     let mut meta = MetaObject::new();
-    meta.insert("traceparent".into(), json!(trace.traceparent));
+    meta.insert("traceparent".into(), Value::String(trace.traceparent.clone()));
     out.meta = Some(meta);
     out
+}
+
+/// `value` as serde_json's pretty text (what `to_string_pretty` writes),
+/// into a buffer sized once for a compact text of `compact_len` bytes:
+/// indentation makes it longer, by how much depends on the nesting.
+fn pretty(value: &Value, compact_len: usize) -> String {
+    let mut buf = Vec::with_capacity(compact_len + compact_len / 2 + 16);
+    if serde_json::to_writer_pretty(&mut buf, value).is_err() {
+        return String::new();
+    }
+    // serde_json writes valid UTF-8; a failure would be its bug, shown as
+    // replacement characters rather than a lost answer.
+    String::from_utf8(buf).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// What kind of reply a worker sent, for an "answered unexpectedly" error.
@@ -103,5 +119,77 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Files(_) => "files",
         Reply::EventsClosed { .. } => "events closed",
         Reply::Tasks(_) => "tasks",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::TraceInput;
+    use serde_json::json;
+    use snowluma_proto::JsonText;
+
+    /// What `render` wrote before it moved the result: `json!` copies and
+    /// `to_string_pretty`, kept as the reference its output must match.
+    fn reference(reply: ToolReply, trace: &CallTrace) -> CallToolResult {
+        let result = match &reply.result {
+            Some(t) => t.parse().unwrap_or(Value::Null),
+            None => Value::Null,
+        };
+        let text = if reply.is_error {
+            reply.diagnostics.message.clone().unwrap_or_else(|| "tool call failed".to_owned())
+        } else {
+            serde_json::to_string_pretty(&result).unwrap_or_default()
+        };
+        let structured = json!({"result": result, "diagnostics": reply.diagnostics.to_json()});
+        let mut out = if reply.is_error {
+            CallToolResult::error(vec![ContentBlock::text(text)])
+        } else {
+            CallToolResult::success(vec![ContentBlock::text(text)])
+        };
+        out.structured_content = Some(structured);
+        let mut meta = MetaObject::new();
+        meta.insert("traceparent".into(), json!(trace.traceparent));
+        out.meta = Some(meta);
+        out
+    }
+
+    /// Rendering moves the parsed result instead of copying it, and writes
+    /// the pretty text into a presized buffer: the bytes on the wire are
+    /// the same as before, for nested, escaped, empty, large and failed
+    /// results.
+    #[test]
+    fn render_writes_what_the_copying_construction_wrote() {
+        let trace = CallTrace {
+            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            tracestate: None,
+            input: TraceInput::Absent,
+            tracestate_rejected: false,
+        };
+        let deep = (0..40).fold(json!("core"), |v, i| json!({ format!("k{i}"): [v, i, null] }));
+        let wide: Vec<Value> =
+            (0..2000).map(|i| json!({"user_id": i, "nickname": "名字\n\"q\"", "x": 1.5e300})).collect();
+        let replies = vec![
+            ToolReply::ok(&json!({"status": "ok", "retcode": 0, "data": {"online": true, "good": true}})),
+            ToolReply::ok(&json!({})),
+            ToolReply::ok(&json!([])),
+            ToolReply::ok(&Value::Null),
+            ToolReply::ok(&json!("a \u{1} control and \\ a backslash")),
+            ToolReply::ok(&deep),
+            ToolReply::ok(&Value::Array(wide)),
+            ToolReply { result: Some(JsonText("not json".into())), ..ToolReply::ok(&Value::Null) },
+            ToolReply { result: None, ..ToolReply::ok(&Value::Null) },
+            ToolReply::fail(FailureKind::Transport, "SnowLuma is unreachable"),
+            ToolReply::error(Diagnostics::failed(FailureKind::Transport, "x").with_next_step("retry later")),
+            ToolReply {
+                diagnostics: Diagnostics { message: None, ..Diagnostics::success() },
+                ..ToolReply::error(Diagnostics::success())
+            },
+        ];
+        for (n, reply) in replies.into_iter().enumerate() {
+            let ours = serde_json::to_string(&render(reply.clone(), &trace)).unwrap();
+            let theirs = serde_json::to_string(&reference(reply, &trace)).unwrap();
+            assert_eq!(ours, theirs, "reply {n}");
+        }
     }
 }

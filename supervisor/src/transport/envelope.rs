@@ -55,11 +55,11 @@ pub(super) enum Reject {
 /// The few envelope fields the transport itself needs.
 #[derive(serde::Deserialize)]
 pub(super) struct Peek<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_cow")]
     jsonrpc: Option<Cow<'a, str>>,
     #[serde(default)]
     pub(super) id: Option<Value>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_cow")]
     pub(super) method: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     params: Option<PeekParams<'a>>,
@@ -75,10 +75,49 @@ struct PeekParams<'a> {
 
 #[derive(serde::Deserialize)]
 struct PeekMeta<'a> {
-    #[serde(rename = "io.modelcontextprotocol/protocolVersion", borrow, default)]
+    #[serde(rename = "io.modelcontextprotocol/protocolVersion", borrow, default, deserialize_with = "opt_cow")]
     version: Option<Cow<'a, str>>,
     #[serde(rename = "io.modelcontextprotocol/clientCapabilities", default)]
     capabilities: Option<Value>,
+}
+
+/// An optional string borrowed from the line when it has no escapes
+/// (serde's own `Option<Cow<str>>` always copies): `null` is `None`, any
+/// other non-string the same "expected a string" error as serde's.
+fn opt_cow<'de: 'a, 'a, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+    struct Str;
+    impl<'de> serde::de::Visitor<'de> for Str {
+        type Value = Cow<'de, str>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Cow::Borrowed(v))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Cow::Owned(v.to_owned()))
+        }
+        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Cow::Owned(v))
+        }
+    }
+    struct Opt;
+    impl<'de> serde::de::Visitor<'de> for Opt {
+        type Value = Option<Cow<'de, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_str(Str).map(Some)
+        }
+    }
+    d.deserialize_option(Opt)
 }
 
 impl Peek<'_> {
@@ -309,6 +348,79 @@ pub(super) fn parse(line: &[u8], peek: &Peek, audit: bool) -> Result<(RxJsonRpcM
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `Peek` was before its strings were borrowed: serde's own
+    /// `Option<Cow<str>>`, whose errors the borrowing one must repeat.
+    #[derive(serde::Deserialize)]
+    struct Owned<'a> {
+        #[serde(borrow, default)]
+        #[allow(dead_code)]
+        jsonrpc: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        #[allow(dead_code)]
+        method: Option<Cow<'a, str>>,
+    }
+
+    /// The envelope's strings are borrowed from the line unless escaped,
+    /// read the same either way, and any other type is refused with the
+    /// same error and code as before (`-32602` once the method is a string,
+    /// else `-32600`).
+    #[test]
+    fn peek_borrows_plain_strings_and_keeps_its_errors() {
+        let p = match peek(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#) {
+            Ok(p) => p,
+            Err(_) => panic!("a plain request"),
+        };
+        assert!(matches!(p.method, Some(Cow::Borrowed("tools/call"))));
+        assert!(matches!(p.jsonrpc, Some(Cow::Borrowed("2.0"))));
+        let p = match peek(br#"{"jsonrpc":"2.0","id":1,"method":"tools\/call"}"#) {
+            Ok(p) => p,
+            Err(_) => panic!("an escaped method"),
+        };
+        assert_eq!(p.method.as_deref(), Some("tools/call"), "escapes are decoded");
+        let p = match peek(br#"{"jsonrpc":"2.0","id":1,"method":null}"#) {
+            Ok(p) => p,
+            Err(_) => panic!("a null method is an absent one"),
+        };
+        assert!(p.method.is_none() && !p.is_request());
+        let version = |line: &[u8]| match peek(line) {
+            Ok(p) => p.params.and_then(|p| p.meta).and_then(|m| m.version).map(|v| v.into_owned()),
+            Err(_) => panic!("a request with _meta"),
+        };
+        let meta = br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+        assert_eq!(version(meta).as_deref(), Some("2026-07-28"));
+        for line in [
+            &br#"{"jsonrpc":"2.0","id":1,"method":5}"#[..],
+            br#"{"jsonrpc":2,"id":1,"method":"ping"}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":["ping"]}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":{"a":1}}"#,
+            br#"{"jsonrpc":true,"id":1}"#,
+        ] {
+            let theirs = match serde_json::from_slice::<Owned>(line) {
+                Ok(_) => panic!("serde refuses {}", String::from_utf8_lossy(line)),
+                Err(e) => format!("Invalid Request: {e}"),
+            };
+            // A string method makes it a request with bad params.
+            let want = if line.windows(8).any(|w| w == br#""method""#) && line.ends_with(br#""ping"}"#) {
+                -32602
+            } else {
+                -32600
+            };
+            match peek(line) {
+                Err(Reject::Error { code, message, .. }) => {
+                    assert_eq!((code, message), (want, theirs), "{}", String::from_utf8_lossy(line))
+                }
+                _ => panic!("refused: {}", String::from_utf8_lossy(line)),
+            }
+        }
+        let bad_version = br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":7}}}"#;
+        match peek(bad_version) {
+            Err(Reject::Error { code: -32602, message, .. }) => {
+                assert!(message.contains("invalid type: integer `7`, expected a string"), "{message}")
+            }
+            _ => panic!("a version that is not a string is invalid params"),
+        }
+    }
 
     #[test]
     fn values_are_counted_outside_strings() {

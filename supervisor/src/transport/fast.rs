@@ -91,7 +91,13 @@ pub(super) fn fast_tool_response(
             meta,
         },
     };
-    serde_json::to_vec(&out).ok()
+    // One buffer sized once: the text escaped (its newlines and quotes grow
+    // it), the structured result (about the text's size, unindented) and
+    // the envelope around them.
+    let text_len: usize = out.result.content.iter().map(|t| t.0.len()).sum();
+    let mut buf = Vec::with_capacity(text_len * 5 / 2 + 512);
+    serde_json::to_writer(&mut buf, &out).ok()?;
+    Some(buf)
 }
 
 /// A `tools/call`'s `arguments`, kept as the client's JSON text: the
