@@ -553,22 +553,15 @@ pub fn process_tree_cpu_secs(pid: u32) -> f64 {
 }
 
 /// CPU seconds (user + system) of every process in the tree rooted at
-/// `pid`, by process name, summed per name.
+/// `pid`, by process name, summed per name ([`procfs::cpu_secs`]).
 pub fn process_tree_cpu_by_name(pid: u32) -> Vec<(String, f64)> {
     let mut by_name: Vec<(String, f64)> = Vec::new();
     let pid = pid as i32;
     for p in std::iter::once(pid).chain(descendants(pid)) {
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-            let name = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map(|(n, _)| n.to_owned());
-            let rest: Vec<&str> =
-                stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
-            let ticks = rest.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-                + rest.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-            let name = name.unwrap_or_default();
-            match by_name.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, s)) => *s += ticks / 100.0,
-                None => by_name.push((name, ticks / 100.0)),
-            }
+        let (Some(name), Some(secs)) = (procfs::name(p), procfs::cpu_secs(p)) else { continue };
+        match by_name.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, s)) => *s += secs,
+            None => by_name.push((name, secs)),
         }
     }
     by_name

@@ -13,6 +13,28 @@ pub fn children(pid: i32) -> Vec<i32> {
     out
 }
 
+/// The name (`comm`) of `pid`, from `/proc/<pid>/stat`; None once it is gone.
+pub fn name(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map(|(n, _)| n.to_owned())
+}
+
+/// The CPU time (user + system) `pid` has used, in seconds: its CPU-time
+/// clock (to the nanosecond, its exited threads included). Where that clock
+/// cannot be read, `/proc/<pid>/stat`'s ticks (10 ms: over a few thousand
+/// calls, steps of a microsecond or more per call). None once it is gone.
+pub fn cpu_secs(pid: i32) -> Option<f64> {
+    if let Ok(clock) = nix::time::clock_getcpuclockid(nix::unistd::Pid::from_raw(pid))
+        && let Ok(t) = nix::time::clock_gettime(clock)
+    {
+        return Some(t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9);
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    Some((ticks(11) + ticks(12)) / 100.0)
+}
+
 /// Every descendant of `pid`.
 pub fn descendants(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -90,4 +112,30 @@ pub fn memory_contains(pid: i32, needle: &[u8]) -> Option<bool> {
         }
     }
     read_any.then_some(false)
+}
+
+#[cfg(test)]
+mod tests {
+    fn own_clock() -> f64 {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID).unwrap();
+        t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9
+    }
+
+    /// A process's CPU time is its CPU-time clock: read between two readings
+    /// of this process's own, it lies between them (10 ms ticks would lag
+    /// behind the first). A process that is gone has none.
+    #[test]
+    fn cpu_secs_reads_the_process_clock() {
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        let before = own_clock();
+        let read = super::cpu_secs(std::process::id() as i32).unwrap();
+        let after = own_clock();
+        assert!(before > 0.0 && before <= read && read <= after, "{before} <= {read} <= {after}");
+        // Above the kernel's largest pid (2^22), and small enough that the
+        // clock id it encodes keeps every bit of it.
+        assert_eq!(super::cpu_secs(1 << 27), None);
+    }
 }

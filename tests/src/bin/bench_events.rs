@@ -19,13 +19,9 @@ use snowluma_fake::events::group_message;
 
 const SELF_ID: i64 = 10001;
 
-/// CPU seconds (user + system) of one process.
+/// CPU seconds (user + system) of one process (0 once it is gone).
 fn cpu_secs(pid: i32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
-    let ticks = rest.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-        + rest.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    ticks / 100.0
+    procfs::cpu_secs(pid).unwrap_or(0.0)
 }
 
 /// Whether `uri` has received its `n`th event: its cursor `<id>-<n>` is
