@@ -52,6 +52,12 @@ impl SnowlumaServer {
         self.state.audit_enabled()
     }
 
+    /// Query tools' calls answered from the transport, on this server's
+    /// state (`transport::Direct`).
+    pub(crate) fn direct_calls(&self) -> Arc<crate::transport::Direct> {
+        crate::transport::Direct::new(self.state.clone())
+    }
+
     /// `subscribe_events` / `unsubscribe_events`; a scope refusal is
     /// audited like the execution tools' (`out_of_scope`).
     async fn events_call(&self, spec: tools::ToolSpec, args: Value, trace: &CallTrace) -> ToolReply {
@@ -201,7 +207,7 @@ impl ServerHandler for SnowlumaServer {
                 crate::preview::tool_call(&self.state, &args, crate::completion_flow::can_answer_form(&ctx))
             }
         };
-        log_call(spec, &trace, &reply, started, &ctx);
+        crate::calllog::finished(spec, &trace, &reply, started, &ctx.ct);
         Ok(render(reply, &trace).into())
     }
 
@@ -331,26 +337,4 @@ fn log_answered(spec: ToolSpec, trace: &CallTrace, outcome: &'static str, starte
         duration_ms = started.elapsed().as_secs_f64() * 1000.0,
         "tool call"
     );
-}
-
-/// The log lines of a finished call: never arguments, contents, tokens or
-/// paths. The closing line is written once the answer is (`calllog`), or at
-/// once when the client cancelled the call (it gets no answer).
-fn log_call(spec: ToolSpec, trace: &CallTrace, reply: &ToolReply, started: Instant, ctx: &RequestContext<RoleServer>) {
-    // One diagnostic line per call.
-    if let Some(d) = trace.diagnostic() {
-        tracing::info!(tool = spec.name, traceparent = %trace.traceparent, "{d}");
-    }
-    let line = || crate::calllog::Line {
-        tool: spec.name,
-        traceparent: trace.traceparent.clone(),
-        outcome: reply.diagnostics.outcome.as_str(),
-        failure: reply.diagnostics.kind.map(|k| k.as_str()).unwrap_or("none"),
-        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-    };
-    if ctx.ct.is_cancelled() {
-        crate::calllog::write_now(line);
-    } else {
-        crate::calllog::hold(line);
-    }
 }

@@ -84,7 +84,9 @@ pub(crate) async fn run(started: Started, (sock, pid): Spawner) -> Result<Ended,
     let slots = Slots { catalog, network, files, tasks: task_slot };
     let (server, hub, task_service) = build_server(config, policy, audit, &slots, paths, task_owner, pacing)?;
     let info = serde_json::to_value(server::implementation())?;
-    let transport = crate::transport::LineTransport::stdio(info, server.audit_enabled()).relayed(relayed);
+    let transport = crate::transport::LineTransport::stdio(info, server.audit_enabled())
+        .relayed(relayed)
+        .direct_calls(server.direct_calls());
     let stdout = transport.stdout_state();
     let ends = Ends { spawner_gone, fatal, slots: slots.all(), tasks: task_service };
     let result = serve(server, transport, &ends).await;

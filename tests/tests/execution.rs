@@ -338,3 +338,65 @@ fn runtime_info_in_each_mode() {
     assert_eq!(info["checks"]["get_version_info"]["diagnostics"]["outcome"], "failed");
     assert_eq!(structured(&r)["diagnostics"]["outcome"], "failed", "partial failure is visible");
 }
+
+/// A query tool's call is answered from the transport (without rmcp's
+/// dispatch) in a session that began with `initialize` at a legacy version;
+/// a progress token sends the same call through rmcp. Both answers are the
+/// same, byte for byte in their order (the per-call span id aside), for
+/// results, refusals and errors.
+#[test]
+fn direct_calls_answer_as_rmcp_does() {
+    let fake = Fake::start(Some("t0k"));
+    let mut s = session(&fake, "read", &[("SNOWLUMA_MCP_LOG", "debug")]);
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let cases = [
+        (json!({"action": "get_status"}), json!(null)),
+        (json!({"action": "get_status"}), json!({"traceparent": parent})),
+        (json!({"action": "get_group_info", "params": {"group_id": 20001}}), json!(null)),
+        (json!({"action": "no_such_action"}), json!(null)),
+        (json!({"action": "send_group_msg", "params": {"group_id": 20001, "message": "hi"}}), json!(null)),
+        (json!({}), json!(null)),
+        (json!({"action": "get_status", "params": "not an object"}), json!(null)),
+    ];
+    // Each call has a new span id, and a new trace id without a parent.
+    let span_free = |mut r: Value, parent: &Value| {
+        let tp = r["_meta"]["traceparent"].as_str().map(|t| t[..t.len().min(36)].to_owned());
+        if let Some(tp) = tp {
+            r["_meta"]["traceparent"] = json!(if parent.is_null() { "00-" } else { &tp });
+        }
+        serde_json::to_string(&r).unwrap()
+    };
+    let mut direct_lines = 0;
+    for (args, meta) in cases {
+        let mut params = json!({"name": "query_action", "arguments": args});
+        if !meta.is_null() {
+            params["_meta"] = meta.clone();
+        }
+        let direct = s.request("tools/call", params.clone());
+        direct_lines += 1;
+        let mut through_rmcp = meta.clone();
+        if through_rmcp.is_null() {
+            through_rmcp = json!({});
+        }
+        through_rmcp["progressToken"] = json!(format!("p{direct_lines}"));
+        params["_meta"] = through_rmcp;
+        let rmcp = s.request("tools/call", params);
+        let parent = &meta["traceparent"];
+        assert_eq!(span_free(direct["result"].clone(), parent), span_free(rmcp["result"].clone(), parent), "{args}");
+        assert!(direct.get("error").is_none() && rmcp.get("error").is_none(), "{direct} {rmcp}");
+        // Lines arrive in order: once the direct call's line is read, one of
+        // an earlier call taken wrongly would have been counted too.
+        assert_eq!(taken_at_least(&s, direct_lines), direct_lines, "only calls without a progress token are taken");
+    }
+    let last = s.call("query_action", json!({"action": "get_status"}));
+    assert!(!is_error(&last));
+    assert_eq!(taken_at_least(&s, direct_lines + 1), direct_lines + 1, "the last call through rmcp was not taken");
+}
+
+/// How many calls stderr says were answered directly, once at least `n`.
+fn taken_at_least(s: &Mcp, n: usize) -> usize {
+    wait_until("direct calls logged", || {
+        let count = s.stderr_text().matches("tool call answered directly").count();
+        (count >= n).then_some(count)
+    })
+}

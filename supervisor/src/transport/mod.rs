@@ -19,6 +19,7 @@
 //! calls in flight and the session's end; [`writer`] writes to stdout. This
 //! file ties them into rmcp's `Transport`.
 
+mod direct;
 mod envelope;
 mod fast;
 mod line;
@@ -35,6 +36,7 @@ use serde_json::Value;
 use tokio::io::AsyncRead;
 
 use crate::stdio::Output;
+pub(crate) use direct::Direct;
 use envelope::Reject;
 pub use fast::RawArguments;
 pub use line::MAX_LINE_BYTES;
@@ -58,6 +60,8 @@ pub struct LineTransport {
     /// request is preceded by the marker naming that request
     /// ([`snowluma_proto::session::RELATED_METHOD`]).
     relayed: bool,
+    /// Query tools' calls answered without rmcp's dispatch ([`direct`]).
+    direct: Option<Arc<Direct>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +88,14 @@ impl LineTransport {
             server_info: Arc::new(server_info),
             audit,
             relayed: false,
+            direct: None,
         }
+    }
+
+    /// Answer query tools' calls from the transport ([`direct`]).
+    pub fn direct_calls(mut self, direct: Arc<Direct>) -> LineTransport {
+        self.direct = Some(direct);
+        self
     }
 
     /// This session runs behind serve-http's front (the launcher named its
@@ -152,7 +163,21 @@ impl LineTransport {
                 if cancelled {
                     self.out.answered.notify_one();
                 }
-                Some(msg)
+                let legacy = st.legacy_session();
+                drop(st);
+                let Some(direct) = &self.direct else { return Some(msg) };
+                if cancelled && let Some(rid) = peek.cancelled_request() {
+                    direct.cancel(&rid.to_string());
+                }
+                if !legacy {
+                    return Some(msg);
+                }
+                let answer = direct::Answer {
+                    out: self.out.clone(),
+                    session: self.state.clone(),
+                    server_info: self.server_info.clone(),
+                };
+                direct.take(msg, answer)
             }
         }
     }
@@ -174,6 +199,56 @@ fn related_marker(item: &TxJsonRpcMessage<RoleServer>) -> Option<Vec<u8>> {
     serde_json::to_vec(&marker).ok()
 }
 
+/// Write one message of ours (an answer, a notification, a request to the
+/// client), with the session's accounting: rmcp's through
+/// [`Transport::send`], direct calls' answers from [`direct`].
+async fn deliver(
+    out: Arc<Out>,
+    state: Arc<Mutex<State>>,
+    server_info: Arc<Value>,
+    marker: Option<Vec<u8>>,
+    item: TxJsonRpcMessage<RoleServer>,
+) -> Result<(), TransportError> {
+    let id = match &item {
+        JsonRpcMessage::Response(r) => Some(id_key(&r.id)),
+        JsonRpcMessage::Error(e) => e.id.as_ref().map(id_key),
+        JsonRpcMessage::Request(r) => {
+            // Ours to the client (elicitation): remembered until it
+            // is answered, so that stdin's end can cancel its call.
+            if let Ok(mut s) = state.lock() {
+                s.asking(&r.id);
+            }
+            out.answered.notify_one();
+            None
+        }
+        _ => None,
+    };
+    let (modern, company) = match id {
+        Some(key) => state
+            .lock()
+            .map(|mut s| {
+                s.responded(&item);
+                let modern = s.answered(&key);
+                (modern, if s.in_flight() > 0 { Company::Expected } else { Company::Alone })
+            })
+            .unwrap_or((false, Company::Alone)),
+        None => (false, Company::Alone),
+    };
+    let line = writer::encode(&item, modern, &server_info)?;
+    out.deliver(&item, marker, line, company).await;
+    // The lines of the calls just answered, now that the client has
+    // their answers.
+    crate::calllog::write_held();
+    // Start-up is over once a first tool answer is out: drop its
+    // code's mappings (once), off the path of that answer.
+    if let JsonRpcMessage::Response(r) = &item
+        && matches!(r.result, rmcp::model::ServerResult::CallToolResult(_))
+    {
+        snowluma_proto::alloc::after_start();
+    }
+    Ok(())
+}
+
 impl Transport<RoleServer> for LineTransport {
     type Error = TransportError;
 
@@ -185,45 +260,7 @@ impl Transport<RoleServer> for LineTransport {
         let state = self.state.clone();
         let server_info = self.server_info.clone();
         let marker = if self.relayed { related_marker(&item) } else { None };
-        async move {
-            let id = match &item {
-                JsonRpcMessage::Response(r) => Some(id_key(&r.id)),
-                JsonRpcMessage::Error(e) => e.id.as_ref().map(id_key),
-                JsonRpcMessage::Request(r) => {
-                    // Ours to the client (elicitation): remembered until it
-                    // is answered, so that stdin's end can cancel its call.
-                    if let Ok(mut s) = state.lock() {
-                        s.asking(&r.id);
-                    }
-                    out.answered.notify_one();
-                    None
-                }
-                _ => None,
-            };
-            let (modern, company) = match id {
-                Some(key) => state
-                    .lock()
-                    .map(|mut s| {
-                        let modern = s.answered(&key);
-                        (modern, if s.in_flight() > 0 { Company::Expected } else { Company::Alone })
-                    })
-                    .unwrap_or((false, Company::Alone)),
-                None => (false, Company::Alone),
-            };
-            let line = writer::encode(&item, modern, &server_info)?;
-            out.deliver(&item, marker, line, company).await;
-            // The lines of the calls just answered, now that the client has
-            // their answers.
-            crate::calllog::write_held();
-            // Start-up is over once a first tool answer is out: drop its
-            // code's mappings (once), off the path of that answer.
-            if let JsonRpcMessage::Response(r) = &item
-                && matches!(r.result, rmcp::model::ServerResult::CallToolResult(_))
-            {
-                snowluma_proto::alloc::after_start();
-            }
-            Ok(())
-        }
+        deliver(out, state, server_info, marker, item)
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {

@@ -9,8 +9,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use rmcp::RoleServer;
-use rmcp::model::{ErrorCode, ErrorData, JsonRpcMessage, RequestId};
-use rmcp::service::RxJsonRpcMessage;
+use rmcp::model::{ErrorCode, ErrorData, JsonRpcMessage, RequestId, ServerResult};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 
 use super::LineTransport;
 use super::envelope::Peek;
@@ -58,6 +58,12 @@ pub(super) struct State {
     asked: HashMap<String, RequestId>,
     /// stdin has ended.
     pub(super) eof: bool,
+    /// Whether any answer has been written yet.
+    answered_any: bool,
+    /// The session began with `initialize`, and its answer (the first one
+    /// written) negotiated a version of the legacy shape: direct calls may
+    /// be taken ([`super::direct`]).
+    legacy: bool,
 }
 
 /// What to do with a request that arrives while the budget is used.
@@ -193,6 +199,24 @@ impl State {
             self.asked.remove(&id.to_string());
         }
         Admission::Pass { cancelled: false }
+    }
+
+    /// An answer of ours is about to be written: the first one, when it is
+    /// `initialize`'s, decides whether the session is a legacy one.
+    pub(super) fn responded(&mut self, item: &TxJsonRpcMessage<RoleServer>) {
+        if self.answered_any {
+            return;
+        }
+        let JsonRpcMessage::Response(r) = item else { return };
+        self.answered_any = true;
+        if let ServerResult::InitializeResult(init) = &r.result {
+            self.legacy = super::direct::legacy_version(init.protocol_version.as_str());
+        }
+    }
+
+    /// Whether direct calls may be taken ([`State::responded`]).
+    pub(super) fn legacy_session(&self) -> bool {
+        self.legacy
     }
 
     /// How many of the client's requests are in flight (accepted, not yet
