@@ -41,16 +41,6 @@ use crate::state::ServerState;
 use crate::tools::{self, Handler};
 use crate::trace::CallTrace;
 
-/// The first protocol version without `initialize` (and with the modern
-/// result shape); ISO dates compare as text.
-const FIRST_MODERN: &str = "2026-07-28";
-
-/// Whether an `initialize` answer's negotiated version keeps the legacy
-/// shape (rmcp's `is_2026_07_28_or_later` is false).
-pub(super) fn legacy_version(version: &str) -> bool {
-    version < FIRST_MODERN
-}
-
 /// The server's state, for the calls taken here, and their tokens.
 pub(crate) struct Direct {
     state: Arc<ServerState>,
@@ -60,11 +50,12 @@ pub(crate) struct Direct {
     next: AtomicU64,
 }
 
-/// What a call taken here needs from the transport to be answered.
-pub(super) struct Answer {
-    pub(super) out: Arc<super::Out>,
-    pub(super) session: Arc<Mutex<super::State>>,
-    pub(super) server_info: Arc<serde_json::Value>,
+/// What a call taken here needs from the transport to be answered
+/// (cloned only for a call that is taken).
+pub(super) struct Answer<'a> {
+    pub(super) out: &'a Arc<super::Out>,
+    pub(super) session: &'a Arc<Mutex<super::State>>,
+    pub(super) server_info: &'a Arc<serde_json::Value>,
 }
 
 impl Direct {
@@ -86,7 +77,7 @@ impl Direct {
     pub(super) fn take(
         self: &Arc<Self>,
         msg: RxJsonRpcMessage<RoleServer>,
-        answer: Answer,
+        answer: Answer<'_>,
     ) -> Option<RxJsonRpcMessage<RoleServer>> {
         let JsonRpcMessage::Request(r) = &msg else { return Some(msg) };
         let ClientRequest::CallToolRequest(c) = &r.request else { return Some(msg) };
@@ -112,6 +103,7 @@ impl Direct {
         }
         tracing::debug!(tool = spec.name, "tool call answered directly");
         let direct = self.clone();
+        let (out, session, server_info) = (answer.out.clone(), answer.session.clone(), answer.server_info.clone());
         tokio::spawn(async move {
             let reply =
                 direct.state.exec_call(spec, crate::gates::Args::Raw(raw), &trace, &ct, ProgressSink::None).await;
@@ -128,7 +120,7 @@ impl Direct {
             result.strip_result_type_for_legacy_peer();
             result.strip_non_object_output_for_legacy_peer();
             let item: TxJsonRpcMessage<RoleServer> = JsonRpcMessage::response(result, id);
-            if let Err(e) = super::deliver(answer.out, answer.session, answer.server_info, None, item).await {
+            if let Err(e) = super::deliver(out, session, server_info, None, item).await {
                 tracing::warn!(error = %e, "a direct call's answer could not be encoded");
             }
         });

@@ -172,11 +172,7 @@ impl LineTransport {
                 if !legacy {
                     return Some(msg);
                 }
-                let answer = direct::Answer {
-                    out: self.out.clone(),
-                    session: self.state.clone(),
-                    server_info: self.server_info.clone(),
-                };
+                let answer = direct::Answer { out: &self.out, session: &self.state, server_info: &self.server_info };
                 direct.take(msg, answer)
             }
         }

@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use rmcp::RoleServer;
-use rmcp::model::{ErrorCode, ErrorData, JsonRpcMessage, RequestId, ServerResult};
+use rmcp::model::{ErrorCode, ErrorData, JsonRpcMessage, ProtocolVersion, RequestId, ServerResult};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 
 use super::LineTransport;
@@ -210,7 +210,7 @@ impl State {
         let JsonRpcMessage::Response(r) = item else { return };
         self.answered_any = true;
         if let ServerResult::InitializeResult(init) = &r.result {
-            self.legacy = super::direct::legacy_version(init.protocol_version.as_str());
+            self.legacy = init.protocol_version < ProtocolVersion::V_2026_07_28;
         }
     }
 
