@@ -1,5 +1,5 @@
 //! The HTTP client: one `reqwest` client with a keep-alive pool (and, for
-//! plain-HTTP endpoints, the hyper hot path of [`crate::http1`]), the
+//! plain-HTTP endpoints, the hot path of [`crate::http1`]), the
 //! request every call sends, and ordinary (non-stream) calls with their
 //! timeout, body cap and classification.
 
