@@ -384,14 +384,25 @@ async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<bool> {
 
 async fn read_response(stream: &mut TcpStream, cap: usize, head_seen: &AtomicBool) -> Result<Response, Failure> {
     let mut buf = Vec::with_capacity(READ_ROOM);
+    // The head is parsed once its end may be in the buffer, so that a
+    // server trickling a large head costs one scan, not one parse per read.
+    let (mut scanned, mut ended) = (0usize, false);
     let head = loop {
-        match parse_head(&buf).map_err(request_failure)? {
-            Some(Ok(head)) => break head,
-            Some(Err(interim)) => {
-                buf.drain(..interim);
-                continue;
+        let from = scanned.saturating_sub(2);
+        scanned = buf.len();
+        ended = ended || buf[from..].windows(2).any(|w| w == b"\n\n") || buf[from..].windows(3).any(|w| w == b"\n\r\n");
+        if ended {
+            match parse_head(&buf).map_err(request_failure)? {
+                Some(Ok(head)) => break head,
+                Some(Err(interim)) => {
+                    buf.drain(..interim);
+                    (scanned, ended) = (0, false);
+                    continue;
+                }
+                None => {}
             }
-            None => {}
+        } else if buf.len() > MAX_HEAD {
+            return Err(request_failure("the response head is too large"));
         }
         match fill(stream, &mut buf).await {
             Ok(true) => {}
@@ -481,7 +492,7 @@ async fn dechunk(
         if size == 0 {
             break;
         }
-        if out.len() as u64 + size > cap as u64 {
+        if (out.len() as u64).saturating_add(size) > cap as u64 {
             return Err(Failure::TooLarge(status));
         }
         // At most `cap` in all, a usize.
@@ -670,7 +681,11 @@ mod tests {
         let s = server(
             None,
             vec![
-                reply("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\nx: y\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}"),
+                // Byte by byte: each head is found however it is split.
+                Reply {
+                    trickle: true,
+                    ..reply("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\nx: y\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}")
+                },
                 reply("HTTP/1.1 204 No Content\r\n\r\n"),
                 reply(OK),
             ],
@@ -738,6 +753,10 @@ mod tests {
         assert!(matches!(s.post_capped("{}", 10).await, Err(Failure::TooLarge(200))));
         assert!(matches!(s.post_capped("{}", 10).await, Err(Failure::TooLarge(500))));
         assert!(matches!(s.post_capped("{}", 10).await, Err(Failure::TooLarge(203))));
+        // The largest chunk size there is, refused before any of it is read.
+        let s = server(None, vec![reply("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nffffffffffffffff\r\n")])
+            .await;
+        assert!(matches!(s.post_capped("{}", 10).await, Err(Failure::TooLarge(200))));
         // Exactly the cap is fine.
         let s = server(None, vec![reply("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n0123456789")]).await;
         assert_eq!(s.post_capped("{}", 10).await.unwrap().1, b"0123456789");
