@@ -460,7 +460,7 @@ async fn dechunk(
     status: u16,
 ) -> Result<usize, Failure> {
     let mut pos = 0;
-    // Read until `buf[pos..]` satisfies `ready`, or fail at the end of stream.
+    // Read more after `buf[pos..]`, or fail at the end of the stream.
     macro_rules! more {
         () => {{
             // Drop what is consumed before growing the buffer.
