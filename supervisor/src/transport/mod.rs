@@ -124,13 +124,23 @@ impl LineTransport {
     /// One (trimmed, non-empty) input line: its envelope checked, parsed and
     /// accounted for; `None` when it was answered with an error or dropped.
     fn handle_line(&self, trimmed: &[u8]) -> Option<RxJsonRpcMessage<RoleServer>> {
+        self.handle_peeked(trimmed, envelope::peek(trimmed))
+    }
+
+    /// [`Self::handle_line`] for a line whose envelope was already looked
+    /// at (`peeked`, what [`envelope::peek`] said of `trimmed`): the look
+    /// scans the whole line, so it is taken once.
+    fn handle_peeked(
+        &self,
+        trimmed: &[u8],
+        peeked: Result<envelope::Peek<'_>, Reject>,
+    ) -> Option<RxJsonRpcMessage<RoleServer>> {
         // A call cancelled just after it finished got no answer: its line
         // is written now at the latest.
         crate::calllog::write_held();
-        // A cheap look at the envelope (method, id, `_meta` version),
-        // then the typed parse, straight from the bytes.
-        let parsed =
-            envelope::peek(trimmed).and_then(|peek| envelope::parse(trimmed, &peek, self.audit).map(|m| (peek, m)));
+        // The look at the envelope (method, id, `_meta` version), then
+        // the typed parse, straight from the bytes.
+        let parsed = peeked.and_then(|peek| envelope::parse(trimmed, &peek, self.audit).map(|m| (peek, m)));
         let (peek, (msg, cost)) = match parsed {
             Ok(x) => x,
             Err(Reject::Error { id, code, message }) => {
@@ -311,9 +321,10 @@ impl Transport<RoleServer> for LineTransport {
             // A request that finds the budget used waits here, as text;
             // everything else (a ping, the client's answers, cancellations)
             // goes on at once.
-            if let Ok(peek) = envelope::peek(trimmed) {
+            let peeked = envelope::peek(trimmed);
+            if let Ok(peek) = &peeked {
                 let placed = match self.state.lock() {
-                    Ok(mut s) => s.place(&peek, trimmed),
+                    Ok(mut s) => s.place(peek, trimmed),
                     Err(_) => return None,
                 };
                 match placed {
@@ -337,7 +348,7 @@ impl Transport<RoleServer> for LineTransport {
                     }
                 }
             }
-            if let Some(msg) = self.handle_line(trimmed) {
+            if let Some(msg) = self.handle_peeked(trimmed, peeked) {
                 return Some(msg);
             }
         }
