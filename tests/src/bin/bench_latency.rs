@@ -2,7 +2,8 @@
 //! through the binary against the fake SnowLuma on loopback, next to a
 //! direct HTTP call to the same fake and to a relay floor (the same request
 //! through two do-nothing processes chained like the server's) in the same
-//! run, with the CPU each process uses per call.
+//! run, with the CPU each process uses per call (the sequential calls and
+//! the calls kept 8 in flight, apart).
 //!
 //! `cargo run --release -p snowluma-e2e --bin bench-latency [-- N]`; prefix
 //! `taskset -c 0` to run everything on one CPU. `BENCH_TOOL` (`ping`,
@@ -194,6 +195,11 @@ impl Relay {
         assert!(self.line.starts_with(b"{"));
     }
 
+    /// The CPU its processes have used so far, by name.
+    fn cpu(&self) -> Vec<(String, f64)> {
+        snowluma_e2e::process_tree_cpu_by_name(self.child.id())
+    }
+
     /// End the chain; the CPU its processes used, by name.
     fn finish(mut self) -> Vec<(String, f64)> {
         let cpu = snowluma_e2e::process_tree_cpu_by_name(self.child.id());
@@ -329,6 +335,9 @@ fn main() {
         relay.call(&call_line(0));
         reactor.call(&call_line(0));
     }
+    // The CPU per call is counted from here: start-up and the warm-up are
+    // left out, for the floors and for us alike.
+    let warm = (relay.cpu(), reactor.cpu(), snowluma_e2e::process_tree_cpu_by_name(child.id()));
     let mut direct: Vec<Duration> = Vec::with_capacity(n);
     let mut mcp: Vec<Duration> = Vec::with_capacity(n);
     let mut floor: Vec<Duration> = Vec::with_capacity(n);
@@ -354,8 +363,13 @@ fn main() {
     mcp.sort();
     floor.sort();
     reactor_floor.sort();
-    let relay_cpu = relay.finish();
-    let reactor_cpu = reactor.finish();
+    let relay_cpu = since(&relay.finish(), &warm.0);
+    let reactor_cpu = since(&reactor.finish(), &warm.1);
+    // Our CPU over the same calls as the floors' (the sequential round):
+    // the calls with 8 in flight share wake-ups and warm caches, so they
+    // are counted apart.
+    let after_sequential = snowluma_e2e::process_tree_cpu_by_name(child.id());
+    let sequential_cpu = since(&after_sequential, &warm.2);
 
     // Throughput with 8 concurrent callers: 8 requests kept in flight on the
     // one stdio session, against 8 direct keep-alive connections.
@@ -381,9 +395,7 @@ fn main() {
         done += 1;
     }
     let mcp_tput = total as f64 / t.elapsed().as_secs_f64();
-    let by_name = snowluma_e2e::process_tree_cpu_by_name(child.id());
-    let cpu_us = by_name.iter().map(|(_, s)| s).sum::<f64>() * 1e6;
-    let calls = (200 + n + total) as f64;
+    let in_flight_cpu = since(&snowluma_e2e::process_tree_cpu_by_name(child.id()), &after_sequential);
     drop(stdin);
     let _ = child.wait();
     let t = Instant::now();
@@ -423,16 +435,35 @@ fn main() {
     println!("added over the relay floor at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&floor, 0.5))));
     println!("reactor floor at p50: {} µs over direct", us(pct(&reactor_floor, 0.5).saturating_sub(pct(&direct, 0.5))));
     println!("added over the reactor floor at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&reactor_floor, 0.5))));
-    println!("CPU of the snowluma-mcp process tree per call: {:.1} µs", cpu_us / calls);
-    // 200 warm-up calls, then one per sequential round.
-    let relay_calls = (200 + if with_relay { n } else { 0 }) as f64;
-    for (name, secs) in &relay_cpu {
-        println!("  relay floor {name}: {:.1} µs", secs * 1e6 / relay_calls);
+    let tree = |cpu: &[(String, f64)]| cpu.iter().map(|(_, s)| s).sum::<f64>();
+    println!("CPU per sequential call, snowluma-mcp process tree: {:.1} µs", tree(&sequential_cpu) * 1e6 / n as f64);
+    if with_relay {
+        for (name, secs) in &relay_cpu {
+            println!("  relay floor {name}: {:.1} µs", secs * 1e6 / n as f64);
+        }
+        for (name, secs) in &reactor_cpu {
+            println!("  reactor floor {name}: {:.1} µs", secs * 1e6 / n as f64);
+        }
     }
-    for (name, secs) in &reactor_cpu {
-        println!("  reactor floor {name}: {:.1} µs", secs * 1e6 / relay_calls);
+    for (name, secs) in &sequential_cpu {
+        println!("  {name}: {:.1} µs", secs * 1e6 / n as f64);
     }
-    for (name, secs) in &by_name {
-        println!("  {name}: {:.1} µs", secs * 1e6 / calls);
+    println!(
+        "CPU per call with 8 in flight, snowluma-mcp process tree: {:.1} µs",
+        tree(&in_flight_cpu) * 1e6 / total as f64
+    );
+    for (name, secs) in &in_flight_cpu {
+        println!("  {name}: {:.1} µs", secs * 1e6 / total as f64);
     }
+}
+
+/// The CPU used between two readings, by name (a process that was not
+/// there before counts from zero).
+fn since(now: &[(String, f64)], before: &[(String, f64)]) -> Vec<(String, f64)> {
+    now.iter()
+        .map(|(name, secs)| {
+            let was = before.iter().find(|(n, _)| n == name).map_or(0.0, |(_, s)| *s);
+            (name.clone(), secs - was)
+        })
+        .collect()
 }
