@@ -11,7 +11,9 @@
 //! `{id}` replaced) measure other requests; `BENCH_NO_RELAY=1` skips the floor;
 //! `SNOWLUMA_MCP_LOG`, when set, is passed on to the server (its default
 //! level otherwise); `BENCH_STDERR=pipe` gives the server a stderr pipe that
-//! is read (`/dev/null` otherwise).
+//! is read (`/dev/null` otherwise); `BENCH_GAP_US=G` sleeps `G` µs before
+//! each timed call of every path, so that each starts on a quiet machine
+//! after an idle spell, as an agent's calls do (back to back otherwise).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -343,18 +345,32 @@ fn main() {
     let mut floor: Vec<Duration> = Vec::with_capacity(n);
     let mut reactor_floor: Vec<Duration> = Vec::with_capacity(n);
     let with_relay = std::env::var_os("BENCH_NO_RELAY").is_none();
+    // Back to back, what a process leaves to do after its answer (the
+    // server's diagnostic line) runs during the next path's call; with a
+    // gap, no call pays for another's, and each starts with caches the idle
+    // spell has cooled.
+    let gap = Duration::from_micros(std::env::var("BENCH_GAP_US").ok().and_then(|g| g.parse().ok()).unwrap_or(0));
+    let quiet = || {
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
+    };
     for _ in 0..n {
+        quiet();
         let t = Instant::now();
         direct_call(&mut conn, &host);
         direct.push(t.elapsed());
         if with_relay {
+            quiet();
             let t = Instant::now();
             relay.call(&call_line(0));
             floor.push(t.elapsed());
+            quiet();
             let t = Instant::now();
             reactor.call(&call_line(0));
             reactor_floor.push(t.elapsed());
         }
+        quiet();
         let t = Instant::now();
         one(&mut stdin, &mut stdout, &mut line);
         mcp.push(t.elapsed());
@@ -413,7 +429,8 @@ fn main() {
     });
     let direct_tput = total as f64 / t.elapsed().as_secs_f64();
 
-    println!("query_action get_status, {n} sequential calls, loopback fake SnowLuma");
+    let spacing = if gap.is_zero() { "back to back".to_string() } else { format!("{} µs apart", gap.as_micros()) };
+    println!("query_action get_status, {n} sequential calls ({spacing}), loopback fake SnowLuma");
     println!();
     println!("| path | p50 µs | p99 µs | throughput, 8 concurrent (calls/s) |");
     println!("|---|---|---|---|");
