@@ -204,7 +204,7 @@ impl Relay {
 
     /// End the chain; the CPU its processes used, by name.
     fn finish(mut self) -> Vec<(String, f64)> {
-        let cpu = snowluma_e2e::process_tree_cpu_by_name(self.child.id());
+        let cpu = self.cpu();
         drop(self.to.take());
         let _ = self.child.wait();
         cpu
@@ -349,7 +349,9 @@ fn main() {
     // server's diagnostic line) runs during the next path's call; with a
     // gap, no call pays for another's, and each starts with caches the idle
     // spell has cooled.
-    let gap = Duration::from_micros(std::env::var("BENCH_GAP_US").ok().and_then(|g| g.parse().ok()).unwrap_or(0));
+    let gap = Duration::from_micros(
+        std::env::var("BENCH_GAP_US").map_or(0, |g| g.parse().expect("BENCH_GAP_US: a whole number of µs")),
+    );
     let quiet = || {
         if !gap.is_zero() {
             std::thread::sleep(gap);
