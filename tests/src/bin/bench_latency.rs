@@ -3,17 +3,22 @@
 //! direct HTTP call to the same fake and to a relay floor (the same request
 //! through two do-nothing processes chained like the server's) in the same
 //! run, with the CPU each process uses per call (the sequential calls and
-//! the calls kept 8 in flight, apart).
+//! the calls kept 8 in flight, apart). Two more floors on the same chain:
+//! the reactor floor (its processes on tokio) and the work floor (those
+//! doing only the work the server's answer needs, [`work`]).
 //!
 //! `cargo run --release -p snowluma-e2e --bin bench-latency [-- N]`; prefix
 //! `taskset -c 0` to run everything on one CPU. `BENCH_TOOL` (`ping`,
 //! `get_runtime_info`, `list_categories`) or `BENCH_LINE` (a request line,
-//! `{id}` replaced) measure other requests; `BENCH_NO_RELAY=1` skips the floor;
-//! `SNOWLUMA_MCP_LOG`, when set, is passed on to the server (its default
-//! level otherwise); `BENCH_STDERR=pipe` gives the server a stderr pipe that
-//! is read (`/dev/null` otherwise); `BENCH_GAP_US=G` sleeps `G` µs before
-//! each timed call of every path, so that each starts on a quiet machine
-//! after an idle spell, as an agent's calls do (back to back otherwise).
+//! `{id}` replaced) measure other requests (the work floor then does not
+//! run: it does `query_action get_status`'s work); `BENCH_NO_RELAY=1` skips
+//! the floors; `SNOWLUMA_MCP_LOG`, when set, is passed on to the server (its
+//! default level otherwise); `BENCH_STDERR=pipe` gives the server a stderr
+//! pipe that is read (`/dev/null` otherwise); `BENCH_GAP_US=G` sleeps `G` µs
+//! before each timed call of every path, so that each starts on a quiet
+//! machine after an idle spell, as an agent's calls do (back to back
+//! otherwise). The floors' stages are named `relay-a`/`relay-b`,
+//! `reactor-a`/`reactor-b` and `work-a`/`work-b`, each one's CPU shown apart.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -23,6 +28,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use snowluma_e2e::Fake;
+
+#[path = "bench_latency/work.rs"]
+mod work;
 
 /// The body of the `get_status` request every path sends.
 const BODY: &[u8] = br#"{"action":"get_status","params":{}}"#;
@@ -68,6 +76,17 @@ fn direct_call(conn: &mut BufReader<TcpStream>, host: &str) -> Vec<u8> {
 /// two-process design pays on this host for the extra wake-ups and copies;
 /// what snowluma-mcp adds beyond it is its own work.
 fn relay(args: &[String]) {
+    // Each stage under a name of its own, so that its CPU is shown apart.
+    let name = match args.first().map(String::as_str) {
+        Some("--relay-chain") => c"relay-a",
+        Some("--relay-http") => c"relay-b",
+        Some("--relay-reactor-chain") => c"reactor-a",
+        Some("--relay-reactor-http") => c"reactor-b",
+        Some("--relay-work-chain") => c"work-a",
+        Some("--relay-work-http") => c"work-b",
+        _ => panic!("unknown relay mode"),
+    };
+    nix::sys::prctl::set_name(name).unwrap();
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let mut out = std::io::stdout().lock();
@@ -101,6 +120,7 @@ fn relay(args: &[String]) {
             let _ = next.wait();
         }
         [mode, host] if mode.starts_with("--relay-reactor") => reactor_relay(mode == "--relay-reactor-chain", host),
+        [mode, host] if mode.starts_with("--relay-work") => work::relay(mode == "--relay-work-chain", host),
         _ => panic!("unknown relay mode"),
     }
 }
@@ -265,6 +285,12 @@ fn main() {
 
     let mut relay = Relay::start("--relay-chain", &host);
     let mut reactor = Relay::start("--relay-reactor-chain", &host);
+    // The work floor does the work of `query_action get_status` only.
+    let with_relay = std::env::var_os("BENCH_NO_RELAY").is_none();
+    let with_work = with_relay
+        && std::env::var_os("BENCH_LINE").is_none()
+        && !std::env::var("BENCH_TOOL").is_ok_and(|t| t != "query_action");
+    let mut work = with_work.then(|| Relay::start("--relay-work-chain", &host));
 
     // Through the binary: a lean client that reads the child's stdout on
     // this thread, so the numbers measure the server, not a test harness.
@@ -332,19 +358,30 @@ fn main() {
                 "{line}"
             );
         };
-    for _ in 0..200 {
+    for i in 0..200 {
         one(&mut stdin, &mut stdout, &mut line);
         relay.call(&call_line(0));
         reactor.call(&call_line(0));
+        if let Some(work) = &mut work {
+            work.call(&call_line(i + 1));
+            // The work floor's answer is ours, byte for byte, but for the
+            // trace id.
+            assert_eq!(without_trace_id(&work.line), without_trace_id(line.as_bytes()), "the work floor's answer");
+        }
     }
     // The CPU per call is counted from here: start-up and the warm-up are
     // left out, for the floors and for us alike.
-    let warm = (relay.cpu(), reactor.cpu(), snowluma_e2e::process_tree_cpu_by_name(child.id()));
+    let warm = (
+        relay.cpu(),
+        reactor.cpu(),
+        snowluma_e2e::process_tree_cpu_by_name(child.id()),
+        work.as_ref().map(Relay::cpu).unwrap_or_default(),
+    );
     let mut direct: Vec<Duration> = Vec::with_capacity(n);
     let mut mcp: Vec<Duration> = Vec::with_capacity(n);
     let mut floor: Vec<Duration> = Vec::with_capacity(n);
     let mut reactor_floor: Vec<Duration> = Vec::with_capacity(n);
-    let with_relay = std::env::var_os("BENCH_NO_RELAY").is_none();
+    let mut work_floor: Vec<Duration> = Vec::with_capacity(n);
     // Back to back, what a process leaves to do after its answer (the
     // server's diagnostic line) runs during the next path's call; with a
     // gap, no call pays for another's, and each starts with caches the idle
@@ -372,6 +409,12 @@ fn main() {
             reactor.call(&call_line(0));
             reactor_floor.push(t.elapsed());
         }
+        if let Some(work) = &mut work {
+            quiet();
+            let t = Instant::now();
+            work.call(&call_line(0));
+            work_floor.push(t.elapsed());
+        }
         quiet();
         let t = Instant::now();
         one(&mut stdin, &mut stdout, &mut line);
@@ -381,8 +424,10 @@ fn main() {
     mcp.sort();
     floor.sort();
     reactor_floor.sort();
+    work_floor.sort();
     let relay_cpu = since(&relay.finish(), &warm.0);
     let reactor_cpu = since(&reactor.finish(), &warm.1);
+    let work_cpu = work.map(|w| since(&w.finish(), &warm.3)).unwrap_or_default();
     // Our CPU over the same calls as the floors' (the sequential round):
     // the calls with 8 in flight share wake-ups and warm caches, so they
     // are counted apart.
@@ -447,6 +492,13 @@ fn main() {
         us(pct(&reactor_floor, 0.5)),
         us(pct(&reactor_floor, 0.99))
     );
+    if !work_floor.is_empty() {
+        println!(
+            "| work floor (the same, doing only the work our answer needs) | {} | {} | |",
+            us(pct(&work_floor, 0.5)),
+            us(pct(&work_floor, 0.99))
+        );
+    }
     println!("| through snowluma-mcp | {} | {} | {:.0} |", us(pct(&mcp, 0.5)), us(pct(&mcp, 0.99)), mcp_tput);
     println!();
     println!("added at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&direct, 0.5))));
@@ -454,14 +506,23 @@ fn main() {
     println!("added over the relay floor at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&floor, 0.5))));
     println!("reactor floor at p50: {} µs over direct", us(pct(&reactor_floor, 0.5).saturating_sub(pct(&direct, 0.5))));
     println!("added over the reactor floor at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&reactor_floor, 0.5))));
+    if !work_floor.is_empty() {
+        println!("work floor at p50: {} µs over direct", us(pct(&work_floor, 0.5).saturating_sub(pct(&direct, 0.5))));
+        println!("added over the work floor at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&work_floor, 0.5))));
+    }
     let tree = |cpu: &[(String, f64)]| cpu.iter().map(|(_, s)| s).sum::<f64>();
     println!("CPU per sequential call, snowluma-mcp process tree: {:.1} µs", tree(&sequential_cpu) * 1e6 / n as f64);
+    // A floor's CPU per call, its two processes' together and each apart.
+    let floor_cpu = |label: &str, cpu: &[(String, f64)]| {
+        let per_call = |secs: f64| secs * 1e6 / n as f64;
+        let stages: Vec<String> = cpu.iter().map(|(name, secs)| format!("{name} {:.1}", per_call(*secs))).collect();
+        println!("  {label}: {:.1} µs ({})", per_call(tree(cpu)), stages.join(", "));
+    };
     if with_relay {
-        for (name, secs) in &relay_cpu {
-            println!("  relay floor {name}: {:.1} µs", secs * 1e6 / n as f64);
-        }
-        for (name, secs) in &reactor_cpu {
-            println!("  reactor floor {name}: {:.1} µs", secs * 1e6 / n as f64);
+        floor_cpu("relay floor", &relay_cpu);
+        floor_cpu("reactor floor", &reactor_cpu);
+        if with_work {
+            floor_cpu("work floor", &work_cpu);
         }
     }
     for (name, secs) in &sequential_cpu {
@@ -474,6 +535,18 @@ fn main() {
     for (name, secs) in &in_flight_cpu {
         println!("  {name}: {:.1} µs", secs * 1e6 / total as f64);
     }
+}
+
+/// An answer line with its trace id (`"traceparent":"00-…-01"`) blanked.
+fn without_trace_id(line: &[u8]) -> Vec<u8> {
+    const KEY: &[u8] = br#""traceparent":"00-"#;
+    let mut out = line.to_vec();
+    if let Some(at) = line.windows(KEY.len()).position(|w| w == KEY) {
+        let start = at + KEY.len();
+        let end = start + line[start..].iter().position(|b| *b == b'"').unwrap_or(0);
+        out.splice(start..end, std::iter::empty());
+    }
+    out
 }
 
 /// The CPU used between two readings, by name (a process that was not
