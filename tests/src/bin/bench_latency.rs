@@ -132,24 +132,12 @@ fn relay(args: &[String]) {
 /// snowluma-mcp adds beyond this floor is its own work, not the runtime's.
 fn reactor_relay(first_stage: bool, host: &str) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-    use tokio::net::unix::pipe;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut line = Vec::new();
         if first_stage {
-            // Our own pipes from the client: safe to make non-blocking.
-            let stdin =
-                pipe::Receiver::from_file(std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap()))
-                    .unwrap();
-            let mut out =
-                pipe::Sender::from_file(std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap()))
-                    .unwrap();
-            let mut input = tokio::io::BufReader::new(stdin);
-            let (mut next, socket) = spawn_stage("--relay-reactor-http", host);
-            socket.set_nonblocking(true).unwrap();
-            let socket = tokio::net::UnixStream::from_std(socket).unwrap();
-            let (from_next, mut to_next) = socket.into_split();
-            let mut from_next = tokio::io::BufReader::new(from_next);
+            let FirstStage { mut input, mut out, mut next, mut from_next, mut to_next } =
+                FirstStage::start("--relay-reactor-http", host);
             let mut reply = Vec::new();
             while input.read_until(b'\n', &mut line).await.unwrap() > 0 {
                 to_next.write_all(&line).await.unwrap();
@@ -161,27 +149,12 @@ fn reactor_relay(first_stage: bool, host: &str) {
             drop(to_next);
             let _ = next.wait();
         } else {
-            // The socket from the stage before, as descriptors 0 and 1.
-            let socket = std::os::unix::net::UnixStream::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap());
-            socket.set_nonblocking(true).unwrap();
-            let (input, mut out) = tokio::net::UnixStream::from_std(socket).unwrap().into_split();
-            let mut input = tokio::io::BufReader::new(input);
-            let conn = tokio::net::TcpStream::connect(host).await.unwrap();
-            conn.set_nodelay(true).unwrap();
-            let mut conn = tokio::io::BufReader::new(conn);
+            let SecondStage { mut input, mut out, mut conn } = SecondStage::start(host).await;
             let request = [head(host).as_bytes(), BODY].concat();
             let mut header = String::new();
             while input.read_until(b'\n', &mut line).await.unwrap() > 0 {
                 conn.get_mut().write_all(&request).await.unwrap();
-                let mut len = 0usize;
-                loop {
-                    header.clear();
-                    conn.read_line(&mut header).await.unwrap();
-                    if header == "\r\n" {
-                        break;
-                    }
-                    len = content_length(&header).unwrap_or(len);
-                }
+                let len = read_head(&mut conn, &mut header).await;
                 let mut reply = vec![0u8; len + 1];
                 conn.read_exact(&mut reply[..len]).await.unwrap();
                 reply[len] = b'\n';
@@ -190,6 +163,72 @@ fn reactor_relay(first_stage: bool, host: &str) {
             }
         }
     });
+}
+
+/// A tokio floor's first stage: the client's pipes (ours, so safe to make
+/// non-blocking) and the socket to its second stage, started in `mode`.
+struct FirstStage {
+    input: tokio::io::BufReader<tokio::net::unix::pipe::Receiver>,
+    out: tokio::net::unix::pipe::Sender,
+    next: std::process::Child,
+    from_next: tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
+    to_next: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl FirstStage {
+    /// Inside the stage's runtime.
+    fn start(mode: &str, host: &str) -> FirstStage {
+        use tokio::net::unix::pipe;
+        let stdin =
+            pipe::Receiver::from_file(std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap()))
+                .unwrap();
+        let out = pipe::Sender::from_file(std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap()))
+            .unwrap();
+        let (next, socket) = spawn_stage(mode, host);
+        socket.set_nonblocking(true).unwrap();
+        let (from_next, to_next) = tokio::net::UnixStream::from_std(socket).unwrap().into_split();
+        FirstStage {
+            input: tokio::io::BufReader::new(stdin),
+            out,
+            next,
+            from_next: tokio::io::BufReader::new(from_next),
+            to_next,
+        }
+    }
+}
+
+/// A tokio floor's second stage: the socket from the first (its
+/// descriptors 0 and 1) and a keep-alive connection to the fake.
+struct SecondStage {
+    input: tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
+    out: tokio::net::unix::OwnedWriteHalf,
+    conn: tokio::io::BufReader<tokio::net::TcpStream>,
+}
+
+impl SecondStage {
+    async fn start(host: &str) -> SecondStage {
+        let socket = std::os::unix::net::UnixStream::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap());
+        socket.set_nonblocking(true).unwrap();
+        let (input, out) = tokio::net::UnixStream::from_std(socket).unwrap().into_split();
+        let conn = tokio::net::TcpStream::connect(host).await.unwrap();
+        conn.set_nodelay(true).unwrap();
+        SecondStage { input: tokio::io::BufReader::new(input), out, conn: tokio::io::BufReader::new(conn) }
+    }
+}
+
+/// Read a response head from `conn` (into `header`, a line at a time); the
+/// body's length.
+async fn read_head(conn: &mut tokio::io::BufReader<tokio::net::TcpStream>, header: &mut String) -> usize {
+    use tokio::io::AsyncBufReadExt;
+    let mut len = 0usize;
+    loop {
+        header.clear();
+        conn.read_line(header).await.unwrap();
+        if header == "\r\n" {
+            return len;
+        }
+        len = content_length(header).unwrap_or(len);
+    }
 }
 
 /// A relay chain (this benchmark again, as its first stage) and the pipes

@@ -159,22 +159,11 @@ fn frame(parts: &[&[u8]]) -> Vec<u8> {
 }
 
 pub(crate) fn relay(first_stage: bool, host: &str) {
-    use std::os::fd::AsFd;
-    use tokio::net::unix::pipe;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         if first_stage {
-            let stdin =
-                pipe::Receiver::from_file(std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap()))
-                    .unwrap();
-            let mut out =
-                pipe::Sender::from_file(std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap()))
-                    .unwrap();
-            let mut input = tokio::io::BufReader::new(stdin);
-            let (mut next, socket) = super::spawn_stage("--relay-work-http", host);
-            socket.set_nonblocking(true).unwrap();
-            let (from_next, mut to_next) = tokio::net::UnixStream::from_std(socket).unwrap().into_split();
-            let mut from_next = tokio::io::BufReader::new(from_next);
+            let super::FirstStage { mut input, mut out, mut next, mut from_next, mut to_next } =
+                super::FirstStage::start("--relay-work-http", host);
             let mut ids = TraceIds(0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id()));
             let (mut line, mut reply) = (Vec::new(), Vec::new());
             while input.read_until(b'\n', &mut line).await.unwrap() > 0 {
@@ -210,13 +199,7 @@ pub(crate) fn relay(first_stage: bool, host: &str) {
             drop(to_next);
             let _ = next.wait();
         } else {
-            let socket = std::os::unix::net::UnixStream::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap());
-            socket.set_nonblocking(true).unwrap();
-            let (input, mut out) = tokio::net::UnixStream::from_std(socket).unwrap().into_split();
-            let mut input = tokio::io::BufReader::new(input);
-            let conn = tokio::net::TcpStream::connect(host).await.unwrap();
-            conn.set_nodelay(true).unwrap();
-            let mut conn = tokio::io::BufReader::new(conn);
+            let super::SecondStage { mut input, mut out, mut conn } = super::SecondStage::start(host).await;
             // What the network executor's requests start with.
             let prefix = format!(
                 "POST / HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\naccept: application/json\r\n"
@@ -242,15 +225,7 @@ pub(crate) fn relay(first_stage: bool, host: &str) {
                 http.extend_from_slice(b"\r\n\r\n");
                 http.extend_from_slice(&body);
                 conn.get_mut().write_all(&http).await.unwrap();
-                let mut len = 0usize;
-                loop {
-                    header.clear();
-                    conn.read_line(&mut header).await.unwrap();
-                    if header == "\r\n" {
-                        break;
-                    }
-                    len = super::content_length(&header).unwrap_or(len);
-                }
+                let len = super::read_head(&mut conn, &mut header).await;
                 let mut reply = vec![0u8; len + 5];
                 conn.read_exact(&mut reply[5..]).await.unwrap();
                 let envelope: Envelope = serde_json::from_slice(&reply[5..]).unwrap();
