@@ -8,9 +8,9 @@
 //! stage checks that the params are one JSON object, builds the HTTP
 //! request the network executor sends (its headers, the trace id, the
 //! token), reads the response head for its length, parses the body once
-//! for the envelope's `status` and `retcode`, and frames the body back with
-//! the outcome. The bench checks that its answer is the server's byte for
-//! byte, but for the trace id.
+//! for the envelope's `status` and `retcode` (it answers successes only),
+//! and frames the body back. The bench checks that its answer is the
+//! server's byte for byte, but for the trace id.
 //!
 //! Left out, as none of it changes the bytes of a successful read: the
 //! MCP session (lifecycle, calls in flight, cancellation), the gates
@@ -175,9 +175,7 @@ pub(crate) fn relay(first_stage: bool, host: &str) {
                 let request = frame(&[args.action.as_bytes(), b"\0", trace.as_bytes(), b"\0", params.as_bytes()]);
                 to_next.write_all(&request).await.unwrap();
                 assert!(read_frame(&mut from_next, &mut reply).await);
-                // The outcome byte, then the body.
-                let outcome = if reply[0] == b'1' { "success" } else { "failed" };
-                let result: Value = serde_json::from_slice(&reply[1..]).unwrap();
+                let result: Value = serde_json::from_slice(&reply).unwrap();
                 let mut text = Vec::with_capacity(reply.len() * 2);
                 serde_json::to_writer_pretty(&mut text, &result).unwrap();
                 let answer = Answer {
@@ -185,7 +183,10 @@ pub(crate) fn relay(first_stage: bool, host: &str) {
                     id: call.id,
                     result: AnswerResult {
                         content: [Text { kind: "text", text: std::str::from_utf8(&text).unwrap() }],
-                        structured_content: Structured { result: &result, diagnostics: Diagnostics { outcome } },
+                        structured_content: Structured {
+                            result: &result,
+                            diagnostics: Diagnostics { outcome: "success" },
+                        },
                         is_error: false,
                         meta: Meta { traceparent: &trace },
                     },
@@ -226,12 +227,13 @@ pub(crate) fn relay(first_stage: bool, host: &str) {
                 http.extend_from_slice(&body);
                 conn.get_mut().write_all(&http).await.unwrap();
                 let len = super::read_head(&mut conn, &mut header).await;
-                let mut reply = vec![0u8; len + 5];
-                conn.read_exact(&mut reply[5..]).await.unwrap();
-                let envelope: Envelope = serde_json::from_slice(&reply[5..]).unwrap();
-                let ok = envelope.status == Some("ok") && envelope.retcode == Some(0);
-                reply[..4].copy_from_slice(&((len + 1) as u32).to_le_bytes());
-                reply[4] = if ok { b'1' } else { b'0' };
+                let mut reply = vec![0u8; len + 4];
+                conn.read_exact(&mut reply[4..]).await.unwrap();
+                // The server classifies every answer by its envelope; this
+                // floor renders successes only.
+                let envelope: Envelope = serde_json::from_slice(&reply[4..]).unwrap();
+                assert!(envelope.status == Some("ok") && envelope.retcode == Some(0), "not a success");
+                reply[..4].copy_from_slice(&(len as u32).to_le_bytes());
                 out.write_all(&reply).await.unwrap();
             }
         }
