@@ -58,14 +58,17 @@ pub enum FrameError {
 
 /// Encode `msg` into one frame (length prefix included).
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
-    let mut buf = vec![0u8; 4];
-    let body = postcard::to_extend(msg, Vec::new())?;
-    if body.len() > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge(body.len()));
+    // One buffer: room for the prefix, the message after it, then the
+    // prefix written in.
+    let mut start = Vec::with_capacity(128);
+    start.extend_from_slice(&[0u8; 4]);
+    let mut buf = postcard::to_extend(msg, start)?;
+    let body = buf.len() - 4;
+    if body > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(body));
     }
-    let len = u32::try_from(body.len()).map_err(|_| FrameError::TooLarge(body.len()))?;
+    let len = u32::try_from(body).map_err(|_| FrameError::TooLarge(body))?;
     buf[..4].copy_from_slice(&len.to_le_bytes());
-    buf.extend_from_slice(&body);
     Ok(buf)
 }
 

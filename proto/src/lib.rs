@@ -2,12 +2,14 @@
 //!
 //! * [`architecture`]: ARCHITECTURE.md's Numbers table, read back for the tests.
 //! * [`bytes`]: hex and kernel randomness, one copy for every process.
+//! * [`eager`]: a task started in its caller's turn (its first step runs at once).
 //! * [`fdpass`]: descriptor passing (the one SCM_RIGHTS codec).
 //! * [`front`]: the `serve-http` launcher ↔ HTTP front control messages.
 //! * [`json`]: reading JSON text without building it (`present`).
 //! * [`frame`]: length-prefixed `postcard` frames on the supervisor/worker socket.
 //! * [`msg`]: the typed messages that travel in those frames, and the handshake.
 //! * [`outcome`]: the result/diagnostic envelope every tool returns.
+//! * [`outbox`]: frames to one socket from many tasks, written by their sender when nothing is queued.
 //! * [`sockio`]: the socket halves the frames travel on (woken for input only).
 //! * [`spawn`]: the spawner's protocol (start and stop workers), on [`fdpass`]'s codec.
 //!
@@ -17,12 +19,14 @@
 pub mod alloc;
 pub mod architecture;
 pub mod bytes;
+pub mod eager;
 pub mod fdpass;
 pub mod frame;
 pub mod front;
 pub mod json;
 pub mod keys;
 pub mod msg;
+pub mod outbox;
 pub mod outcome;
 pub mod rt;
 pub mod session;

@@ -166,6 +166,20 @@ impl SockWriter {
     }
 }
 
+impl SockWriter {
+    /// One non-blocking send of as much of `data` as the socket takes now
+    /// (`WouldBlock` when it takes nothing), without any registration: for
+    /// a sender that queues what is left ([`crate::outbox`]).
+    pub fn send_some(&self, data: &[u8]) -> io::Result<usize> {
+        loop {
+            match self.send(data) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => return other,
+            }
+        }
+    }
+}
+
 impl AsyncWrite for SockWriter {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         loop {
