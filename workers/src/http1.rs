@@ -67,7 +67,14 @@ pub(crate) struct Direct {
 struct Conn {
     stream: TcpStream,
     idle_since: Instant,
+    /// Where responses are read, kept from one exchange to the next (a
+    /// response's body is copied out of it).
+    buf: Vec<u8>,
 }
+
+/// A read buffer grown beyond this by a large response is not kept for
+/// the next exchange.
+const KEPT_BUFFER: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Failure {
@@ -152,7 +159,7 @@ impl Direct {
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
-                    return Ok(Conn { stream, idle_since: Instant::now() });
+                    return Ok(Conn { stream, idle_since: Instant::now(), buf: Vec::with_capacity(READ_ROOM) });
                 }
                 Ok(Err(e)) => last = e.to_string(),
                 Err(_) => last = "connect timed out".into(),
@@ -214,7 +221,8 @@ impl Direct {
             req.extend_from_slice(a);
         }
         req.extend_from_slice(b"content-length: ");
-        req.extend_from_slice(body.len().to_string().as_bytes());
+        // Writing a number into a `Vec` cannot fail.
+        let _ = std::io::Write::write_fmt(&mut req, format_args!("{}", body.len()));
         req.extend_from_slice(b"\r\n\r\n");
         req.extend_from_slice(body);
         Ok(req)
@@ -245,8 +253,11 @@ impl Direct {
             },
             None => self.send_fresh(&req).await?,
         };
-        let response = read_response(&mut conn.stream, cap, head).await?;
+        let response = read_response(&mut conn.stream, &mut conn.buf, cap, head).await?;
         if response.reusable {
+            if conn.buf.capacity() > KEPT_BUFFER {
+                conn.buf = Vec::with_capacity(READ_ROOM);
+            }
             self.checkin(conn);
         }
         Ok((response.status, response.body))
@@ -311,9 +322,10 @@ fn lists(value: &[u8], token: &str) -> bool {
 /// Parse a response head at the start of `buf`: `Ok(None)` when more bytes
 /// are needed, `Ok(Some(Err(len)))` for an interim (1xx) head of `len` bytes.
 fn parse_head(buf: &[u8]) -> Result<Option<Result<Head, usize>>, String> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    let len = match resp.parse(buf) {
+    // Room for the headers, left uninitialised: httparse fills what it uses.
+    let mut headers = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut resp, buf, &mut headers) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err("the response head is too large".into()),
         Ok(httparse::Status::Partial) => return Ok(None),
@@ -382,17 +394,28 @@ async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<bool> {
     Ok(stream.read_buf(buf).await? > 0)
 }
 
-async fn read_response(stream: &mut TcpStream, cap: usize, head_seen: &AtomicBool) -> Result<Response, Failure> {
-    let mut buf = Vec::with_capacity(READ_ROOM);
-    // The head is parsed once its end may be in the buffer, so that a
+/// Read one response through `buf` (the connection's buffer, emptied
+/// first).
+async fn read_response(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    cap: usize,
+    head_seen: &AtomicBool,
+) -> Result<Response, Failure> {
+    buf.clear();
+    // A head usually arrives whole in the first read: it is parsed at once.
+    // After that, it is parsed once its end may be in the buffer, so that a
     // server trickling a large head costs one scan, not one parse per read.
     let (mut scanned, mut ended) = (0usize, false);
     let head = loop {
         let from = scanned.saturating_sub(2);
+        let first = scanned == 0 && !buf.is_empty();
         scanned = buf.len();
-        ended = ended || buf[from..].windows(2).any(|w| w == b"\n\n") || buf[from..].windows(3).any(|w| w == b"\n\r\n");
-        if ended {
-            match parse_head(&buf).map_err(request_failure)? {
+        ended = ended
+            || (!first
+                && (buf[from..].windows(2).any(|w| w == b"\n\n") || buf[from..].windows(3).any(|w| w == b"\n\r\n")));
+        if first || ended {
+            match parse_head(buf).map_err(request_failure)? {
                 Some(Ok(head)) => break head,
                 Some(Err(interim)) => {
                     buf.drain(..interim);
@@ -404,14 +427,13 @@ async fn read_response(stream: &mut TcpStream, cap: usize, head_seen: &AtomicBoo
         } else if buf.len() > MAX_HEAD {
             return Err(request_failure("the response head is too large"));
         }
-        match fill(stream, &mut buf).await {
+        match fill(stream, buf).await {
             Ok(true) => {}
             Ok(false) => return Err(request_failure("the connection closed before a response")),
             Err(e) => return Err(request_failure(e.to_string())),
         }
     };
     head_seen.store(true, Ordering::Relaxed);
-    buf.drain(..head.len);
     let status = head.status;
     let read_err = |e: io::Error| body_failure(e.to_string());
     let (body, clean) = match head.framing {
@@ -420,17 +442,18 @@ async fn read_response(stream: &mut TcpStream, cap: usize, head_seen: &AtomicBoo
                 return Err(Failure::TooLarge(status));
             }
             // `n` is at most `cap`, a usize.
-            let n = n as usize;
-            while buf.len() < n {
-                if !fill(stream, &mut buf).await.map_err(read_err)? {
+            let end = head.len + n as usize;
+            while buf.len() < end {
+                if !fill(stream, buf).await.map_err(read_err)? {
                     return Err(body_failure("the connection closed before the end of the body"));
                 }
             }
-            let clean = buf.len() == n;
-            buf.truncate(n);
-            (buf, clean)
+            let clean = buf.len() == end;
+            (buf[head.len..end].to_vec(), clean)
         }
         Framing::Close => {
+            buf.drain(..head.len);
+            let mut buf = std::mem::take(buf);
             while fill(stream, &mut buf).await.map_err(read_err)? {
                 if buf.len() > cap {
                     return Err(Failure::TooLarge(status));
@@ -442,8 +465,9 @@ async fn read_response(stream: &mut TcpStream, cap: usize, head_seen: &AtomicBoo
             (buf, false)
         }
         Framing::Chunked => {
+            buf.drain(..head.len);
             let mut out = Vec::new();
-            let rest = dechunk(stream, buf, &mut out, cap, status).await?;
+            let rest = dechunk(stream, std::mem::take(buf), &mut out, cap, status).await?;
             (out, rest == 0)
         }
     };

@@ -7,10 +7,10 @@ use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
+use snowluma_proto::outbox::Outbox;
 use snowluma_proto::{
     BUILD_ID, FrameError, FromWorker, Progress, Reply, Request, Role, ToWorker, WorkerConfig, read_frame, write_frame,
 };
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
@@ -28,20 +28,31 @@ pub enum ServeError {
 pub struct Ctx {
     pub cancel: CancellationToken,
     id: u64,
-    out: mpsc::UnboundedSender<FromWorker>,
+    out: Arc<Outbox>,
 }
 
 impl Ctx {
     /// Report progress for this request; dropped silently if the
     /// supervisor is gone (the reply path reports that).
     pub fn progress(&self, progress: Progress) {
-        let _ = self.out.send(FromWorker::Progress { id: self.id, progress });
+        if let Some(frame) = frame_or_substitute(FromWorker::Progress { id: self.id, progress }) {
+            let _ = self.out.send(frame);
+        }
+        // A message about a request ends the worker's start-up.
+        snowluma_proto::alloc::after_start();
     }
 
     /// Report something on this request's event connection; false once the
     /// supervisor is gone.
     pub fn event(&self, event: snowluma_proto::EventMsg) -> bool {
-        self.out.send(FromWorker::Event { id: self.id, event }).is_ok()
+        let sent = match frame_or_substitute(FromWorker::Event { id: self.id, event }) {
+            Some(frame) => self.out.send(frame).is_ok(),
+            // Not encodable (logged): dropped, the connection goes on.
+            None => true,
+        };
+        // A message about a request ends the worker's start-up.
+        snowluma_proto::alloc::after_start();
+        sent
     }
 }
 
@@ -76,12 +87,6 @@ fn frame_or_substitute(msg: FromWorker) -> Option<Vec<u8>> {
             None
         }
     }
-}
-
-/// A message about a request (its reply, progress or an event of it): the
-/// first one written ends the worker's start-up.
-fn serves_a_request(msg: &FromWorker) -> bool {
-    matches!(msg, FromWorker::Reply { .. } | FromWorker::Progress { .. } | FromWorker::Event { .. })
 }
 
 /// Whether an IPC error only means that the supervisor has gone away (the
@@ -128,37 +133,16 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
     }
 
     let handler = Arc::new(handler);
-    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<FromWorker>();
-    let writer = tokio::spawn(async move {
-        while let Some(first) = out_rx.recv().await {
-            // Start-up is over once a request has been served (not at
-            // `Configured`, which comes in the middle of the cold start).
-            let mut answered = serves_a_request(&first);
-            let (batch, largest) = snowluma_proto::frame::batch(
-                first,
-                || {
-                    let next = out_rx.try_recv().ok();
-                    answered |= next.as_ref().is_some_and(serves_a_request);
-                    next
-                },
-                frame_or_substitute,
-            );
-            if batch.is_empty() {
-                continue;
-            }
-            let written = tokio::io::AsyncWriteExt::write_all(&mut wr, &batch).await;
-            drop(batch);
-            // After a large reply, not after a batch of many small ones.
-            snowluma_proto::alloc::after_large(largest);
-            if answered {
-                snowluma_proto::alloc::after_start();
-            }
-            if let Err(e) = written {
-                // The socket itself is broken: the supervisor sees it close,
-                // restarts this worker and logs it.
-                tracing::debug!(error = %e, "IPC write failed; closing the connection");
-                break;
-            }
+    // Frames to the supervisor: a reply with no company is written by its
+    // request's task at once; the rest by the flusher, batched.
+    let outbox = Arc::new(Outbox::new(wr));
+    let flusher = tokio::spawn({
+        let outbox = outbox.clone();
+        async move {
+            // The socket itself is broken: the supervisor sees it close,
+            // restarts this worker and logs it.
+            let e = outbox.flush().await;
+            tracing::debug!(error = %e, "IPC write failed; closing the connection");
         }
     });
     let inflight: Arc<Mutex<HashMap<u64, CancellationToken>>> = Arc::default();
@@ -175,23 +159,37 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
                     Ok(()) => FromWorker::Configured,
                     Err(reason) => FromWorker::Refused { reason },
                 };
-                let _ = out_tx.send(reply);
+                if let Some(frame) = frame_or_substitute(reply) {
+                    let _ = outbox.send_now(frame);
+                }
             }
             ToWorker::Request { id, request } => {
                 let cancel = CancellationToken::new();
                 if let Ok(mut map) = inflight.lock() {
                     map.insert(id, cancel.clone());
                 }
-                let ctx = Ctx { cancel, id, out: out_tx.clone() };
+                let ctx = Ctx { cancel, id, out: outbox.clone() };
                 let handler = handler.clone();
                 let inflight = inflight.clone();
-                let out = out_tx.clone();
-                tokio::spawn(async move {
+                let out = outbox.clone();
+                // Started in this turn: an ordinary call's HTTP request is
+                // written before the next frame is read.
+                snowluma_proto::eager::spawn_eager(async move {
                     let reply = handler.handle(request, ctx).await;
-                    if let Ok(mut map) = inflight.lock() {
+                    // The only request in flight answers at once; with
+                    // others in flight, the replies ready together go out
+                    // in one write.
+                    let alone = inflight.lock().map(|mut map| {
                         map.remove(&id);
+                        map.is_empty()
+                    });
+                    if let Some(frame) = frame_or_substitute(FromWorker::Reply { id, reply }) {
+                        let _ = if alone.unwrap_or(false) { out.send_now(frame) } else { out.send(frame) };
                     }
-                    let _ = out.send(FromWorker::Reply { id, reply });
+                    // Start-up is over once a request has been served (not
+                    // at `Configured`, which comes in the middle of the
+                    // cold start).
+                    snowluma_proto::alloc::after_start();
                 });
             }
             ToWorker::Cancel { id } => {
@@ -210,31 +208,13 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
             t.cancel();
         }
     }
-    drop(out_tx);
-    writer.abort();
+    flusher.abort();
     result
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A worker's start-up ends with its first message about a request,
-    /// never with the handshake's or configuration's.
-    #[test]
-    fn start_up_ends_with_the_first_message_about_a_request() {
-        let progress = snowluma_proto::Progress { progress: 1.0, total: None, message: None };
-        for msg in [
-            FromWorker::Reply { id: 1, reply: Reply::Tool(snowluma_proto::ToolReply::ok(&serde_json::json!({}))) },
-            FromWorker::Progress { id: 1, progress },
-            FromWorker::Event { id: 1, event: snowluma_proto::EventMsg::Connected },
-        ] {
-            assert!(serves_a_request(&msg), "{msg:?}");
-        }
-        for msg in [FromWorker::Configured, FromWorker::Ready { build: BUILD_ID.to_owned(), pid: 1 }] {
-            assert!(!serves_a_request(&msg), "{msg:?}");
-        }
-    }
 
     /// An oversized reply becomes an error reply for the same request, which
     /// fits; small messages pass unchanged.

@@ -12,7 +12,7 @@ use snowluma_proto::{ExecRequest, FailureKind, JsonText, NetworkConfig, ToolRepl
 use tokio::sync::Semaphore;
 
 use super::MAX_BODY_BYTES;
-use super::envelope::{MAX_RESPONSE_DEPTH, classify_body, nesting_depth};
+use super::envelope::{MAX_RESPONSE_DEPTH, classify_body, too_deep as nests_too_deep};
 use super::errors::{
     ABORTED_BY_TIMEOUT, ExecFailure, FETCH_FAILED, MAX_CALL_STACK, TERMINATED, cancelled, request_failed,
     reqwest_request_failure,
@@ -104,8 +104,17 @@ pub(crate) fn request(net: &Net, req: &ExecRequest, params: Value) -> reqwest::R
 /// `{"action": ..., "params": ...}` from params text already checked to be
 /// one JSON object, without parsing it into a `Value` and printing it again.
 fn body_text(action: &str, params: &str) -> String {
-    let action = Value::from(action).to_string();
-    [r#"{"action":"#, &action, r#","params":"#, params.trim(), "}"].concat()
+    let params = params.trim();
+    let mut out = Vec::with_capacity(action.len() + params.len() + 24);
+    out.extend_from_slice(br#"{"action":"#);
+    // A string's JSON text (what `Value::from(action).to_string()` writes);
+    // writing a `&str` into a `Vec` cannot fail.
+    let _ = serde_json::to_writer(&mut out, action);
+    out.extend_from_slice(br#","params":"#);
+    out.extend_from_slice(params.as_bytes());
+    out.push(b'}');
+    // Both parts are UTF-8 text.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Whether `text` is exactly one JSON object.
@@ -215,14 +224,14 @@ fn too_large(status: u16) -> ExecFailure {
 
 /// What an ordinary call's answer is, as Node's client judges it: any JSON
 /// object, whatever the HTTP status, is the result, passed on unchanged.
-fn answer(status: u16, mut body: Vec<u8>) -> Result<ToolReply, ExecFailure> {
-    // `res.text()`: invalid UTF-8 becomes U+FFFD, a leading BOM goes.
-    if std::str::from_utf8(&body).is_err() {
-        body = String::from_utf8_lossy(&body).into_owned().into_bytes();
+fn answer(status: u16, body: Vec<u8>) -> Result<ToolReply, ExecFailure> {
+    // `res.text()`: invalid UTF-8 becomes U+FFFD, a leading BOM goes. The
+    // text is checked once, here.
+    let mut text = String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    if text.starts_with('\u{feff}') {
+        text.drain(..3);
     }
-    if body.starts_with(b"\xef\xbb\xbf") {
-        body.drain(..3);
-    }
+    let body = text.into_bytes();
     let non_json = || ExecFailure::invalid(format!("OneBot returned non-JSON (HTTP {status})"));
     let unexpected = || ExecFailure::invalid(format!("OneBot returned an unexpected response (HTTP {status})"));
     // V8 parses any depth; JSON.stringify of the result then overflows
@@ -243,7 +252,7 @@ fn answer(status: u16, mut body: Vec<u8>) -> Result<ToolReply, ExecFailure> {
             Ok(_) => non_json(),
         });
     };
-    if nesting_depth(&body) > MAX_RESPONSE_DEPTH {
+    if nests_too_deep(&body) {
         return Err(too_deep());
     }
     // Valid JSON is valid UTF-8, so this never copies.

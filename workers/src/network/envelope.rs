@@ -3,7 +3,10 @@
 //! a response body without building it as a `Value`; and the nesting depth
 //! a response may have.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
+use serde_json::value::RawValue;
 use snowluma_proto::{Diagnostics, FailureKind, JsonText};
 
 /// SnowLuma's wording is copied into `diagnostics.message` up to this many
@@ -13,6 +16,15 @@ pub const MAX_WORDING_CHARS: usize = 1024;
 /// (serde_json's default limit) can represent. Deeper is an invalid response,
 /// never a success with a null result.
 pub const MAX_RESPONSE_DEPTH: usize = 128;
+
+/// Whether JSON text nests deeper than [`MAX_RESPONSE_DEPTH`].
+pub(super) fn too_deep(json: &[u8]) -> bool {
+    // Text with no more brackets than the limit cannot nest deeper than it:
+    // one quick count (strings included) settles the usual response
+    // without the exact pass.
+    let brackets = json.iter().map(|&b| usize::from(b == b'[' || b == b'{')).sum::<usize>();
+    brackets > MAX_RESPONSE_DEPTH && nesting_depth(json) > MAX_RESPONSE_DEPTH
+}
 
 /// The deepest nesting of arrays and objects in JSON text (valid JSON:
 /// brackets inside strings are skipped). One pass, no allocation.
@@ -60,17 +72,30 @@ pub fn classify(env: &Value) -> Diagnostics {
 /// whole response as a `Value` (the response text itself is passed on
 /// unchanged). Every other field is skipped, though still checked as JSON.
 #[derive(serde::Deserialize)]
-struct EnvelopeFields {
-    #[serde(default)]
-    status: Option<Value>,
-    #[serde(default)]
-    retcode: Option<Value>,
-    #[serde(default)]
-    wording: Option<Value>,
-    #[serde(default)]
-    message: Option<Value>,
-    #[serde(default)]
-    msg: Option<Value>,
+struct EnvelopeFields<'a> {
+    #[serde(borrow, default)]
+    status: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    retcode: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    wording: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    msg: Option<&'a RawValue>,
+}
+
+/// A member's text as the string it holds, if it is one (borrowed when it
+/// has no escapes).
+fn as_str(raw: Option<&RawValue>) -> Option<Cow<'_, str>> {
+    let text = raw?.get();
+    if !text.starts_with('"') {
+        return None;
+    }
+    match serde_json::from_str::<&str>(text) {
+        Ok(s) => Some(Cow::Borrowed(s)),
+        Err(_) => serde_json::from_str::<String>(text).ok().map(Cow::Owned),
+    }
 }
 
 /// What the supervisor needs of a response body besides its text: the
@@ -89,7 +114,7 @@ pub(super) fn classify_body(body: &[u8]) -> Option<Envelope> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
-    let f: EnvelopeFields = match serde_json::from_slice(body) {
+    let f: EnvelopeFields<'_> = match serde_json::from_slice(body) {
         Ok(f) => f,
         // Not an object, or an object this shortcut cannot read (e.g. a
         // duplicate key): the general path decides.
@@ -101,10 +126,18 @@ pub(super) fn classify_body(body: &[u8]) -> Option<Envelope> {
             });
         }
     };
-    let wording = first_wording([&f.wording, &f.message, &f.msg].map(|v| v.as_ref().and_then(Value::as_str)));
-    let diagnostics =
-        classify_fields(f.status.as_ref().and_then(Value::as_str), f.retcode.as_ref().and_then(Value::as_i64), wording);
-    Some(Envelope { diagnostics, retcode: f.retcode.as_ref().map(|r| Box::new(JsonText::from_value(r))) })
+    let status = as_str(f.status);
+    let retcode: Option<Value> = f.retcode.and_then(|r| serde_json::from_str(r.get()).ok());
+    let retcode_i64 = retcode.as_ref().and_then(Value::as_i64);
+    // The wording is only read for an outcome that is not a success.
+    let wording = if status.as_deref() == Some("ok") && retcode_i64 == Some(0) {
+        None
+    } else {
+        let words = [f.wording, f.message, f.msg].map(as_str);
+        first_wording([0, 1, 2].map(|i| words[i].as_deref()))
+    };
+    let diagnostics = classify_fields(status.as_deref(), retcode_i64, wording);
+    Some(Envelope { diagnostics, retcode: retcode.as_ref().map(|r| Box::new(JsonText::from_value(r))) })
 }
 
 fn classify_fields(status: Option<&str>, retcode: Option<i64>, wording: Option<String>) -> Diagnostics {
@@ -155,6 +188,12 @@ mod tests {
         assert_eq!(nesting_depth(br#"{"a":[1,{"b":"[[[{{"}]}"#), 3);
         assert_eq!(nesting_depth(br#"{"a":"\"[[["}"#), 1);
         assert_eq!(nesting_depth(b"1"), 0);
+        let at = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(!too_deep(at(MAX_RESPONSE_DEPTH).as_bytes()) && too_deep(at(MAX_RESPONSE_DEPTH + 1).as_bytes()));
+        let wide = format!("[{}]", vec!["[]"; 1000].join(","));
+        assert!(!too_deep(wide.as_bytes()), "many brackets, shallow");
+        let quoted = format!(r#"{{"a":"{}"}}"#, "[".repeat(1000));
+        assert!(!too_deep(quoted.as_bytes()), "brackets in a string");
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         assert_eq!(nesting_depth(deep.as_bytes()), 100_000);
     }

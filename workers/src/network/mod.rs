@@ -86,7 +86,9 @@ impl RoleHandler for NetworkWorker {
         };
         match request {
             Request::Execute(req) => Reply::Tool(execute(net, self.fds.get(), req, &ctx).await),
-            Request::Events { self_id } => events::run(net, self_id, &ctx).await,
+            // Boxed: an ordinary call's future (every call's) does not carry
+            // the event connection's state.
+            Request::Events { self_id } => Box::pin(events::run(net, self_id, &ctx)).await,
             _ => Reply::Error(WorkerError::Unsupported),
         }
     }
@@ -99,7 +101,8 @@ async fn execute(
     ctx: &Ctx,
 ) -> ToolReply {
     if req.stream {
-        return streams::execute(net, fds, req, ctx).await;
+        // Boxed, like the event connection: not in an ordinary call's future.
+        return Box::pin(streams::execute(net, fds, req, ctx)).await;
     }
     client::call(net, &req, ctx).await
 }
