@@ -18,7 +18,7 @@ use crate::replies::tool_reply;
 use crate::state::ServerState;
 use crate::tools::ToolSpec;
 use crate::trace::{CallTrace, hex};
-use crate::workers::WorkerSlot;
+use crate::workers::{NotSent, Sent, WorkerSlot};
 
 /// A call the gates admitted, on this server's network executor.
 pub(crate) type Admission = gates::Admission<Arc<WorkerSlot>>;
@@ -76,6 +76,31 @@ impl ServerState {
         match self.admitted(spec, gates::Entry::Call, args.into(), trace).await {
             Ok(admission) => self.run(spec, admission, trace, cancel, progress).await,
             Err(refusal) => refusal,
+        }
+    }
+
+    /// A direct call's first steps, taken in the caller's turn (its line
+    /// was just read): the gates, and, for a call with nothing around it
+    /// ([`Self::run_plain`]'s), the request sent to the network executor.
+    /// What is left is awaited with [`Begun::finish`].
+    pub(crate) fn begin(&self, spec: ToolSpec, args: gates::ExecArgs, trace: &CallTrace) -> Begun {
+        let admission = match gates::admit_args(&self.gate_context(), spec, gates::Entry::Call, args) {
+            Ok(a) => a,
+            Err(refused) => return Begun::Refused(refused),
+        };
+        if self.audit.is_some() || admission.idempotency_key.is_some() || !matches!(admission.transfer, Ok(None)) {
+            return Begun::Admitted(Box::new(admission));
+        }
+        let gates::Admission { network, action, given, params, .. } = admission;
+        // No audit log: a pacing refusal has no record to write.
+        if let Err(limited) = self.pacer.gate(action, &params, true) {
+            return Begun::Done(limited.reply(action.name));
+        }
+        let exec = exec_request(given, action, &params, trace, &ProgressSink::None);
+        match network.send(Request::Execute(exec)) {
+            Ok(sent) => Begun::Sent { sent, action },
+            Err(NotSent::NotLive(request)) => Begun::Waiting { network, request, action },
+            Err(NotSent::Failed(e)) => Begun::Done(tool_reply("the network executor", Err(e), !action.read_only)),
         }
     }
 
@@ -152,10 +177,11 @@ impl ServerState {
         let mut keyed = None;
         if let Some(key) = &idempotency_key {
             let key = self.keys.call_key(key, action, &params.to_value());
-            match self.keys.claim(key, cancel).await {
+            // Rare paths are boxed: the hot path's future stays small.
+            match Box::pin(self.keys.claim(key, cancel)).await {
                 Ok(Claim::Run(running)) => keyed = Some(running),
                 Ok(Claim::Replay(reply)) => {
-                    self.audit_replay(spec, &given, action, trace, &reply, op_id).await;
+                    Box::pin(self.audit_replay(spec, &given, action, trace, &reply, op_id)).await;
                     return reply;
                 }
                 Err(reply) => {
@@ -166,7 +192,7 @@ impl ServerState {
                         _ => None,
                     };
                     if let Some(reason) = reason {
-                        self.audit_refusal(spec, &given, action, trace, reason, "key").await;
+                        Box::pin(self.audit_refusal(spec, &given, action, trace, reason, "key")).await;
                     }
                     return reply;
                 }
@@ -177,24 +203,24 @@ impl ServerState {
         // to the pacing now, so that replays and the rounds of a
         // confirmation or of input completion never count as sends.
         if let Err(limited) = self.pacer.gate(action, &params, true) {
-            self.audit_refusal(spec, &given, action, trace, "rate_limited", "action").await;
+            Box::pin(self.audit_refusal(spec, &given, action, trace, "rate_limited", "action")).await;
             return limited.reply(action.name);
         }
         // What the audit records say about this action (only when auditing).
         let audit = self.audit.as_ref().map(|log| (log, self.action_ref_with(spec, &given, action, trace, op_id)));
         // Nothing leaves without its intent record once auditing is on.
         if let Some((log, about)) = &audit
-            && let Err(refusal) = write_intent(log, about, &params).await
+            && let Err(refusal) = Box::pin(write_intent(log, about, &params)).await
         {
             return refusal;
         }
         let started = Instant::now();
         // The key's pending record, before anything is sent.
         if let Some(running) = &mut keyed
-            && let Err(reply) = running.begin().await
+            && let Err(reply) = Box::pin(running.begin()).await
         {
             if let Some((log, about)) = audit {
-                record_result(log, about, &reply, started).await;
+                Box::pin(record_result(log, about, &reply, started)).await;
             }
             return reply;
         }
@@ -209,7 +235,7 @@ impl ServerState {
             ProgressSink::Client(..) | ProgressSink::None => (None, None),
         };
         let mut reply = match (transfer, &self.transfers) {
-            (Some(plan), Some(service)) => service.clone().run(plan, exec, cancel.clone(), progress_tx).await,
+            (Some(plan), Some(service)) => Box::pin(service.clone().run(plan, exec, cancel.clone(), progress_tx)).await,
             _ => tool_reply(
                 "the network executor",
                 network.call(Request::Execute(exec), cancel, progress_tx).await,
@@ -217,15 +243,15 @@ impl ServerState {
             ),
         };
         if let Some(f) = forwarder {
-            finish_progress(f, &mut reply, cancel, tool).await;
+            Box::pin(finish_progress(f, &mut reply, cancel, tool)).await;
         }
         // Message ids an in-scope send or history read names are in scope.
         self.scope.learn_from_result(action, &reply);
         if let Some(running) = keyed {
-            running.finish(&reply).await;
+            Box::pin(running.finish(&reply)).await;
         }
         if let Some((log, about)) = audit {
-            record_result(log, about, &reply, started).await;
+            Box::pin(record_result(log, about, &reply, started)).await;
         }
         reply
     }
@@ -331,6 +357,48 @@ impl ServerState {
             }
         }
         op_id
+    }
+}
+
+/// Where a direct call stands after [`ServerState::begin`].
+pub(crate) enum Begun {
+    /// Its request is with the network executor.
+    Sent { sent: Sent, action: &'static Action },
+    /// Its request waits for a network executor (one is starting).
+    Waiting { network: Arc<WorkerSlot>, request: Box<Request>, action: &'static Action },
+    /// Answered already (a pacing refusal, a request that could not go).
+    Done(ToolReply),
+    /// Refused by a gate (audited, when the audit log records it, by
+    /// [`Begun::finish`]).
+    Refused(gates::Refused),
+    /// Admitted, with an audit record, key or transfer around its request:
+    /// run whole by [`ServerState::run`].
+    Admitted(Box<Admission>),
+}
+
+impl Begun {
+    /// The call's reply, once what it started is done: the same reply as
+    /// [`ServerState::exec_call`]'s for the same call.
+    pub(crate) async fn finish(
+        self,
+        state: &ServerState,
+        spec: ToolSpec,
+        trace: &CallTrace,
+        cancel: &CancellationToken,
+    ) -> ToolReply {
+        let (result, action) = match self {
+            Begun::Sent { sent, action } => (sent.reply(cancel).await, action),
+            Begun::Waiting { network, request, action } => (network.call(*request, cancel, None).await, action),
+            Begun::Done(reply) => return reply,
+            Begun::Refused(refused) => return Box::pin(state.refusal(spec, refused, trace)).await,
+            Begun::Admitted(admission) => {
+                return Box::pin(state.run(spec, *admission, trace, cancel, ProgressSink::None)).await;
+            }
+        };
+        let reply = tool_reply("the network executor", result, !action.read_only);
+        // Message ids an in-scope send or history read names are in scope.
+        state.scope.learn_from_result(action, &reply);
+        reply
     }
 }
 

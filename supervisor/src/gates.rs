@@ -338,7 +338,31 @@ pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: 
     if !spec.modes.contains(cx.mode) {
         return Err(Refused::at(Step::Mode)(mode_refusal(spec.modes)));
     }
-    let mut args = exec_arguments(args);
+    admit_read(cx, spec, entry, exec_arguments(args))
+}
+
+/// [`admit`] for arguments already read ([`exec_arguments`]): the
+/// transport reads a direct call's arguments once, for its memory cost and
+/// for the gates.
+pub fn admit_args<N: Clone>(
+    cx: &Context<'_, N>,
+    spec: ToolSpec,
+    entry: Entry,
+    args: ExecArgs,
+) -> Result<Admission<N>, Refused> {
+    if !spec.modes.contains(cx.mode) {
+        return Err(Refused::at(Step::Mode)(mode_refusal(spec.modes)));
+    }
+    admit_read(cx, spec, entry, args)
+}
+
+/// Every gate after the mode's, on the arguments as read.
+fn admit_read<N: Clone>(
+    cx: &Context<'_, N>,
+    spec: ToolSpec,
+    entry: Entry,
+    mut args: ExecArgs,
+) -> Result<Admission<N>, Refused> {
     let network = endpoint(cx.network).map_err(Refused::at(Step::Endpoint))?.clone();
     let action = catalog_action(cx.catalog, &args.action).map_err(Refused::at(Step::Catalog))?;
     read_only(spec.handler.read_only_tool(), action, &args.action).map_err(Refused::at(Step::ReadOnly))?;

@@ -100,7 +100,7 @@ pub fn render(reply: ToolReply, trace: &CallTrace) -> CallToolResult {
 /// `value` as serde_json's pretty text (what `to_string_pretty` writes),
 /// into a buffer sized once for a compact text of `compact_len` bytes:
 /// indentation makes it longer, by how much depends on the nesting.
-fn pretty(value: &Value, compact_len: usize) -> String {
+pub(crate) fn pretty(value: &Value, compact_len: usize) -> String {
     let mut buf = Vec::with_capacity(compact_len + compact_len / 2 + 16);
     if serde_json::to_writer_pretty(&mut buf, value).is_err() {
         return String::new();

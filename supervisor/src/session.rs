@@ -262,6 +262,15 @@ async fn serve(
     transport: crate::transport::LineTransport,
     ends: &Ends,
 ) -> Result<Ended, Box<dyn std::error::Error>> {
+    // The calls' closing lines, written a moment after they finish; the
+    // task ends with this function, whichever way it returns.
+    struct Flusher(tokio::task::JoinHandle<()>);
+    impl Drop for Flusher {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let flusher = Flusher(tokio::spawn(crate::calllog::flusher()));
     let running = match server.serve(transport).await {
         Ok(running) => running,
         // stdin ended before the session started (a client that only probed
@@ -294,6 +303,7 @@ async fn serve(
         session.cancel();
     });
     let r = running.waiting().await;
+    drop(flusher);
     crate::calllog::write_held();
     // Background transfers outlive the session that started them: their
     // results go to the task store, read in a later session.

@@ -22,7 +22,7 @@ pub struct CallTrace {
     pub tracestate_rejected: bool,
 }
 
-pub(crate) use snowluma_proto::bytes::{hex, random_bytes, random_ids};
+pub(crate) use snowluma_proto::bytes::{hex, push_hex, random_bytes, random_ids};
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -67,12 +67,28 @@ impl CallTrace {
         while random[..8].iter().all(|b| *b == 0) || random[8..].iter().all(|b| *b == 0) {
             random = random_ids::<24>();
         }
-        let span = hex(&random[..8]);
-        let fresh = || hex(&random[8..]);
-        let (traceparent, input) = match tp.map(|t| (t, parse_traceparent(t))) {
-            Some((_, Some((trace, flags)))) => (["00-", trace, "-", &span, "-", flags].concat(), TraceInput::Valid),
-            Some((_, None)) => (["00-", &fresh(), "-", &span, "-01"].concat(), TraceInput::Invalid),
-            None => (["00-", &fresh(), "-", &span, "-01"].concat(), TraceInput::Absent),
+        // `00-<trace>-<span>-<flags>`, written once.
+        let mut traceparent = String::with_capacity(55);
+        traceparent.push_str("00-");
+        let parsed = tp.map(parse_traceparent);
+        let flags = match parsed {
+            Some(Some((trace, flags))) => {
+                traceparent.push_str(trace);
+                flags
+            }
+            Some(None) | None => {
+                push_hex(&mut traceparent, &random[8..]);
+                "01"
+            }
+        };
+        traceparent.push('-');
+        push_hex(&mut traceparent, &random[..8]);
+        traceparent.push('-');
+        traceparent.push_str(flags);
+        let input = match parsed {
+            Some(Some(_)) => TraceInput::Valid,
+            Some(None) => TraceInput::Invalid,
+            None => TraceInput::Absent,
         };
         let raw_state = meta.get("tracestate");
         let (tracestate, rejected) = match (input == TraceInput::Valid, raw_state) {
@@ -115,6 +131,27 @@ mod tests {
         assert!(!t.traceparent.contains("00f067aa0ba902b7"));
         assert_eq!(t.tracestate.as_deref(), Some("a=1,b=2"));
         assert!(t.diagnostic().is_none());
+    }
+
+    /// The caller's flags are kept with its trace id; a new trace is
+    /// sampled (`01`); every id is well formed and each call has its own span.
+    #[test]
+    fn traceparents_are_well_formed() {
+        let kept = CallTrace::from_meta(&meta(
+            json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}),
+        ));
+        assert!(
+            kept.traceparent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && kept.traceparent.ends_with("-00")
+        );
+        let fresh = CallTrace::from_meta(&meta(json!({})));
+        let other = CallTrace::from_meta(&meta(json!({"traceparent": 5})));
+        for t in [&kept, &fresh, &other] {
+            assert_eq!(t.traceparent.len(), 55, "{}", t.traceparent);
+            assert!(parse_traceparent(&t.traceparent).is_some(), "{}", t.traceparent);
+        }
+        assert!(fresh.traceparent.ends_with("-01") && fresh.input == TraceInput::Absent);
+        assert_eq!(other.input, TraceInput::Absent, "a traceparent that is not a string is none");
+        assert_ne!(fresh.traceparent[36..52], other.traceparent[36..52], "a span of its own");
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use snowluma_proto::fdpass::FdReceiver;
+use snowluma_proto::outbox::Outbox;
 use snowluma_proto::sockio::{SockReader, SockWriter};
 use snowluma_proto::{
     BUILD_ID, EventMsg, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_IPC_FD,
@@ -53,7 +54,9 @@ struct Pending {
 }
 
 struct Conn {
-    tx: mpsc::UnboundedSender<ToWorker>,
+    /// Frames to the worker, written by the call that sends them when
+    /// nothing is ahead ([`Outbox`]).
+    outbox: Arc<Outbox>,
     /// Our end of the descriptor channel, when we send descriptors to the worker.
     fd_out: Option<OwnedFd>,
     /// Descriptors the worker sent us, by tag.
@@ -206,27 +209,94 @@ impl WorkerSlot {
         progress: Option<mpsc::UnboundedSender<Progress>>,
         events: Option<mpsc::UnboundedSender<EventMsg>>,
     ) -> Result<Reply, CallError> {
-        let conn = self.conn(cancel).await?;
+        // A live worker needs no wait (the wait's state, timer included,
+        // stays out of every call's future).
+        let live = self.live.borrow().clone();
+        let conn = match live {
+            Some(c) => c,
+            None => Box::pin(self.conn(cancel)).await?,
+        };
+        self.send_on(conn, request, progress, events)?.reply(cancel).await
+    }
+
+    /// Send `request` now, in the caller's turn, to a live worker: the
+    /// reply is then awaited with [`Sent::reply`]. `Err(NotSent::NotLive)`
+    /// gives the request back when no worker is live (the caller then uses
+    /// [`Self::call`], which waits for one).
+    pub fn send(&self, request: Request) -> Result<Sent, NotSent> {
+        let live = self.live.borrow().clone();
+        let Some(conn) = live else { return Err(NotSent::NotLive(Box::new(request))) };
+        self.send_on(conn, request, None, None).map_err(NotSent::Failed)
+    }
+
+    fn send_on(
+        &self,
+        conn: Arc<Conn>,
+        request: Request,
+        progress: Option<mpsc::UnboundedSender<Progress>>,
+        events: Option<mpsc::UnboundedSender<EventMsg>>,
+    ) -> Result<Sent, CallError> {
+        let name = self.role.as_str();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // A request that cannot be framed fails on its own: nothing is sent.
+        let frame = snowluma_proto::frame::encode(&ToWorker::Request { id, request }).map_err(|e| {
+            let err = match e {
+                FrameError::TooLarge(bytes) => CallError::TooLarge { bytes, limit: snowluma_proto::MAX_FRAME_BYTES },
+                _ => CallError::Unavailable(name),
+            };
+            tracing::warn!(worker = name, error = %err, "a request could not be sent; it fails on its own");
+            err
+        })?;
         let (tx, rx) = oneshot::channel();
-        {
-            let mut p = conn.pending.lock().map_err(|_| CallError::Unavailable(self.role.as_str()))?;
+        let alone = {
+            let mut p = conn.pending.lock().map_err(|_| CallError::Unavailable(name))?;
             p.insert(id, Pending { reply: tx, progress, events });
-        }
-        tracing::debug!(worker = self.role.as_str(), id, "request dispatched");
-        if conn.tx.send(ToWorker::Request { id, request }).is_err() {
+            p.len() == 1
+        };
+        tracing::debug!(worker = name, id, "request dispatched");
+        // The only call in flight is written at once; with others in
+        // flight, the requests ready together go out in one write.
+        let sent = if alone { conn.outbox.send_now(frame) } else { conn.outbox.send(frame) };
+        if sent.is_err() {
             if let Ok(mut p) = conn.pending.lock() {
                 p.remove(&id);
             }
-            return Err(CallError::WorkerDied(self.role.as_str()));
+            return Err(CallError::WorkerDied(name));
         }
+        Ok(Sent { conn, id, rx, name })
+    }
+}
+
+/// Why [`WorkerSlot::send`] sent nothing.
+pub enum NotSent {
+    /// No worker is live now: the request, for [`WorkerSlot::call`].
+    NotLive(Box<Request>),
+    /// The request failed on its own (as [`WorkerSlot::call`] fails it).
+    Failed(CallError),
+}
+
+/// A request sent to a worker, its reply not yet received.
+pub struct Sent {
+    conn: Arc<Conn>,
+    id: u64,
+    rx: oneshot::Receiver<Result<Reply, CallError>>,
+    name: &'static str,
+}
+
+impl Sent {
+    /// Wait for the reply. Cancelling `cancel` sends a cancel message to
+    /// the worker and returns [`CallError::Cancelled`].
+    pub async fn reply(self, cancel: &CancellationToken) -> Result<Reply, CallError> {
+        let Sent { conn, id, rx, name } = self;
         tokio::select! {
-            r = rx => r.unwrap_or(Err(CallError::WorkerDied(self.role.as_str()))),
+            r = rx => r.unwrap_or(Err(CallError::WorkerDied(name))),
             _ = cancel.cancelled() => {
                 if let Ok(mut p) = conn.pending.lock() {
                     p.remove(&id);
                 }
-                let _ = conn.tx.send(ToWorker::Cancel { id });
+                if let Ok(frame) = snowluma_proto::frame::encode(&ToWorker::Cancel { id }) {
+                    let _ = conn.outbox.send_now(frame);
+                }
                 Err(CallError::Cancelled)
             }
         }
@@ -381,7 +451,6 @@ async fn run_once(
         }
     };
     tracing::debug!(worker = name, pid, "worker ready");
-    let (tx, rx) = mpsc::unbounded_channel::<ToWorker>();
     let (fd_out, fd_in) = match (attach.channel, channel) {
         (Some((_, ChannelDir::ToWorker)), Some(ch)) => (Some(ch), None),
         (Some((_, ChannelDir::FromWorker)), Some(ch)) => {
@@ -389,9 +458,9 @@ async fn run_once(
         }
         _ => (None, None),
     };
-    let conn = Arc::new(Conn { tx, pending: Mutex::new(HashMap::new()), fd_out, fd_in });
+    let conn = Arc::new(Conn { outbox: Arc::new(Outbox::new(wr)), pending: Mutex::new(HashMap::new()), fd_out, fd_in });
     live.send_replace(Some(conn.clone()));
-    let (status, writer) = pump(name, &conn, rx, rd, wr, &mut child, &spawner, stop).await;
+    let (status, writer) = pump(name, &conn, rd, &mut child, &spawner, stop).await;
     live.send_replace(None);
     writer.abort();
     fail_in_flight(name, &conn);
@@ -428,25 +497,30 @@ async fn spawn_worker(role: Role, spec: &SpawnSpec, attach: &Attach) -> Result<I
 /// Write queued messages and route what the worker sends until the
 /// connection breaks, the process exits or we are stopped. Returns the exit
 /// status (when known) and the writer, for the caller to stop.
-#[allow(clippy::too_many_arguments)]
 async fn pump(
     name: &'static str,
     conn: &Arc<Conn>,
-    rx: mpsc::UnboundedReceiver<ToWorker>,
     mut rd: IpcReader,
-    wr: SockWriter,
     child: &mut snowluma_spawner::SpawnedChild,
     spawner: &snowluma_spawner::SpawnerClient,
     stop: &CancellationToken,
 ) -> (Option<snowluma_spawner::ExitInfo>, tokio::task::JoinHandle<()>) {
-    // A message that cannot be framed fails its own call; a socket that
-    // cannot be written is a broken connection: the worker is restarted.
+    // A socket that cannot be written is a broken connection: the worker
+    // is restarted.
     let (broken_tx, broken_rx) = oneshot::channel::<std::io::Error>();
-    let writer = tokio::spawn(write_loop(name, conn.clone(), rx, wr, broken_tx));
-    let reader = read_loop(name, conn, &mut rd);
+    let outbox = conn.outbox.clone();
+    let writer = tokio::spawn(async move {
+        let _ = broken_tx.send(outbox.flush().await);
+    });
+    // The replies are read by a task of their own: each message wakes it
+    // alone, not this task's other waits.
+    let mut reader = tokio::spawn({
+        let conn = conn.clone();
+        async move { read_loop(name, &conn, &mut rd).await }
+    });
     let child_pid = child.pid;
     let status = tokio::select! {
-        _ = reader => {
+        _ = &mut reader => {
             // The socket is gone: the worker died or broke protocol.
             spawner.kill(child_pid);
             (&mut child.exit).await.ok()
@@ -462,48 +536,8 @@ async fn pump(
             None
         }
     };
+    reader.abort();
     (status, writer)
-}
-
-/// Frame and write every queued message, until the socket breaks.
-async fn write_loop(
-    name: &'static str,
-    conn: Arc<Conn>,
-    mut rx: mpsc::UnboundedReceiver<ToWorker>,
-    mut wr: SockWriter,
-    broken: oneshot::Sender<std::io::Error>,
-) {
-    while let Some(first) = rx.recv().await {
-        let encode = |msg: ToWorker| match snowluma_proto::frame::encode(&msg) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                fail_unsent(name, &conn, msg, e);
-                None
-            }
-        };
-        let (batch, _) = snowluma_proto::frame::batch(first, || rx.try_recv().ok(), encode);
-        if batch.is_empty() {
-            continue;
-        }
-        if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut wr, &batch).await {
-            let _ = broken.send(e);
-            break;
-        }
-    }
-}
-
-/// A request that could not be encoded fails on its own (nothing was sent).
-fn fail_unsent(name: &'static str, conn: &Conn, msg: ToWorker, e: FrameError) {
-    if let ToWorker::Request { id, .. } = msg {
-        let err = match e {
-            FrameError::TooLarge(bytes) => CallError::TooLarge { bytes, limit: snowluma_proto::MAX_FRAME_BYTES },
-            _ => CallError::Unavailable(name),
-        };
-        tracing::warn!(worker = name, error = %err, "a request could not be sent; it fails on its own");
-        if let Some(p) = conn.pending.lock().ok().and_then(|mut p| p.remove(&id)) {
-            let _ = p.reply.send(Err(err));
-        }
-    }
 }
 
 /// Route replies, progress and events to their calls, until the socket

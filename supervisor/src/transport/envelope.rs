@@ -120,6 +120,20 @@ fn opt_cow<'de: 'a, 'a, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Cow<
     d.deserialize_option(Opt)
 }
 
+impl Peek<'static> {
+    /// The envelope of a `tools/call` request read whole elsewhere (a
+    /// direct call's, `direct.rs`): `id`, and no `_meta` the transport
+    /// looks at (such a call names no protocol version).
+    pub(super) fn call(id: Value) -> Peek<'static> {
+        Peek {
+            jsonrpc: Some(Cow::Borrowed("2.0")),
+            id: Some(id),
+            method: Some(Cow::Borrowed("tools/call")),
+            params: None,
+        }
+    }
+}
+
 impl Peek<'_> {
     /// A request (a method and an id), not a notification or response.
     pub(super) fn is_request(&self) -> bool {
@@ -258,9 +272,7 @@ fn call_cost(msg: &RxJsonRpcMessage<RoleServer>, len: usize, audit: bool) -> (us
         Some(Handler::Doc) => (FORWARDED_COPIES * len, 2 * VALUE_BYTES * all),
         Some(Handler::Query | Handler::Invoke) => {
             let params = exec_arguments(Args::Raw(raw.0.clone())).params;
-            let inside = params.as_ref().and_then(|p| p.text()).map(|t| values(t.as_bytes())).unwrap_or(0);
-            let parsed = if audit { all } else { all.saturating_sub(inside) };
-            let cost = FORWARDED_COPIES * len + 2 * VALUE_BYTES * parsed;
+            let cost = exec_cost(len, all, params.as_ref().and_then(|p| p.text()), audit);
             (cost, cost)
         }
         Some(_) => {
@@ -270,7 +282,18 @@ fn call_cost(msg: &RxJsonRpcMessage<RoleServer>, len: usize, audit: bool) -> (us
     }
 }
 
-fn too_large(peek: &Peek, cost: usize) -> Reject {
+/// What a `query_action` / `invoke_action` call of a `len`-byte line
+/// costs while in flight (its parse costs the same): the line's forwarded
+/// copies, and the values of its arguments (`values`, counted by
+/// [`values`]) that are parsed here, `params` (its text) only when the
+/// audit log digests them.
+pub(super) fn exec_cost(len: usize, values_in_arguments: usize, params: Option<&str>, audit: bool) -> usize {
+    let inside = params.map(|t| values(t.as_bytes())).unwrap_or(0);
+    let parsed = if audit { values_in_arguments } else { values_in_arguments.saturating_sub(inside) };
+    FORWARDED_COPIES * len + 2 * VALUE_BYTES * parsed
+}
+
+pub(super) fn too_large(peek: &Peek, cost: usize) -> Reject {
     match (peek.is_request(), &peek.id) {
         (true, Some(id)) => Reject::Error {
             id: id.clone(),

@@ -121,10 +121,55 @@ impl LineTransport {
 }
 
 impl LineTransport {
+    /// Whether the request `line` (whose envelope is `peek`) goes on now:
+    /// one that finds the session's budget used waits, as text, or is
+    /// refused at once when too many wait (everything else — a ping, the
+    /// client's answers, cancellations — goes on at once). `None`: the
+    /// session's state is unusable, and the session ends.
+    fn placed(&self, peek: &envelope::Peek<'_>, line: &[u8]) -> Option<bool> {
+        match self.state.lock().ok()?.place(peek, line) {
+            Wait::Now => Some(true),
+            Wait::Parked => {
+                tracing::debug!("calls in flight at the session's limit; a request waits for a place");
+                Some(false)
+            }
+            Wait::Refused => {
+                tracing::warn!("calls in flight and waiting at the session's limits; a request refused");
+                self.out.reply_error(
+                    peek.id.clone().unwrap_or(Value::Null),
+                    session::BUSY,
+                    format!(
+                        "server busy: {} requests in flight and {} waiting for a place; send it again once one is answered",
+                        session::MAX_IN_FLIGHT,
+                        session::MAX_PARKED
+                    ),
+                );
+                Some(false)
+            }
+        }
+    }
+
     /// One (trimmed, non-empty) input line: its envelope checked, parsed and
     /// accounted for; `None` when it was answered with an error or dropped.
     fn handle_line(&self, trimmed: &[u8]) -> Option<RxJsonRpcMessage<RoleServer>> {
+        if self.take_direct(trimmed) {
+            return None;
+        }
         self.handle_peeked(trimmed, envelope::peek(trimmed))
+    }
+
+    /// A query tool's call in a legacy session, read once, whole, and
+    /// answered here ([`direct`]): true when `trimmed` was one (and already
+    /// placed in the session's budget).
+    fn take_direct(&self, trimmed: &[u8]) -> bool {
+        let Some(direct) = &self.direct else { return false };
+        if !self.state.lock().is_ok_and(|s| s.legacy_session()) {
+            return false;
+        }
+        let Some(read) = direct::read(trimmed) else { return false };
+        let peek = read.peek();
+        self.start_direct(direct, trimmed.len(), read, &peek);
+        true
     }
 
     /// [`Self::handle_line`] for a line whose envelope was already looked
@@ -135,21 +180,13 @@ impl LineTransport {
         trimmed: &[u8],
         peeked: Result<envelope::Peek<'_>, Reject>,
     ) -> Option<RxJsonRpcMessage<RoleServer>> {
-        // A call cancelled just after it finished got no answer: its line
-        // is written now at the latest.
-        crate::calllog::write_held();
         // The look at the envelope (method, id, `_meta` version), then
         // the typed parse, straight from the bytes.
         let parsed = peeked.and_then(|peek| envelope::parse(trimmed, &peek, self.audit).map(|m| (peek, m)));
         let (peek, (msg, cost)) = match parsed {
             Ok(x) => x,
-            Err(Reject::Error { id, code, message }) => {
-                self.out.reply_error(id, code, message);
-                return None;
-            }
-            Err(Reject::Drop) => return None,
-            Err(Reject::DropLogged(why)) => {
-                tracing::debug!("{why}");
+            Err(reject) => {
+                self.reject(reject);
                 return None;
             }
         };
@@ -173,20 +210,52 @@ impl LineTransport {
                 if cancelled {
                     self.out.answered.notify_one();
                 }
-                let legacy = st.legacy_session();
                 drop(st);
-                let Some(direct) = &self.direct else { return Some(msg) };
-                if cancelled && let Some(rid) = peek.cancelled_request() {
-                    direct.cancel(&rid.to_string());
+                if cancelled
+                    && let Some(direct) = &self.direct
+                    && let Some(rid) = peek.cancelled_request()
+                {
+                    direct.cancel(&session::key(rid));
                 }
-                if !legacy {
-                    return Some(msg);
-                }
-                let answer = direct::Answer { out: &self.out, session: &self.state, server_info: &self.server_info };
-                direct.take(msg, answer)
+                Some(msg)
             }
         }
     }
+
+    /// Start a direct call, read from its `len`-byte line; a refusal is
+    /// answered as the general path answers it.
+    fn start_direct(&self, direct: &Arc<Direct>, len: usize, read: direct::Read<'_>, peek: &envelope::Peek<'_>) {
+        let answer = direct::Answer { out: &self.out, session: &self.state };
+        match direct.start(len, read, peek, self.audit, answer) {
+            direct::Taken::Running | direct::Taken::Dropped => {}
+            direct::Taken::Refused(reject) => self.reject(reject),
+        }
+    }
+
+    /// A line refused before it was parsed: its error answer, or nothing.
+    fn reject(&self, reject: Reject) {
+        match reject {
+            Reject::Error { id, code, message } => self.out.reply_error(id, code, message),
+            Reject::Drop => {}
+            Reject::DropLogged(why) => tracing::debug!("{why}"),
+        }
+    }
+}
+
+/// Write the answer `line` of the request whose id (as JSON text) is `key`,
+/// built by the transport itself (a direct call's): the session's
+/// accounting, then the write, as [`deliver`] does for rmcp's answers.
+async fn deliver_answer(out: &Out, state: &Mutex<State>, key: &str, line: Vec<u8>) {
+    let company = state
+        .lock()
+        .map(|mut s| {
+            s.answered(key);
+            if s.in_flight() > 0 { Company::Expected } else { Company::Alone }
+        })
+        .unwrap_or(Company::Alone);
+    out.deliver_answer(line, company).await;
+    // Start-up is over once a first tool answer is out.
+    snowluma_proto::alloc::after_start();
 }
 
 fn id_key(id: &rmcp::model::RequestId) -> String {
@@ -242,9 +311,6 @@ async fn deliver(
     };
     let line = writer::encode(&item, modern, &server_info)?;
     out.deliver(&item, marker, line, company).await;
-    // The lines of the calls just answered, now that the client has
-    // their answers.
-    crate::calllog::write_held();
     // Start-up is over once a first tool answer is out: drop its
     // code's mappings (once), off the path of that answer.
     if let JsonRpcMessage::Response(r) = &item
@@ -318,35 +384,27 @@ impl Transport<RoleServer> for LineTransport {
             if trimmed.is_empty() {
                 continue;
             }
+            // A query tool's call in a legacy session is read once, whole,
+            // and answered here ([`direct`]); its envelope is what that
+            // reading says.
+            if let Some(direct) = &self.direct
+                && self.state.lock().is_ok_and(|s| s.legacy_session())
+                && let Some(read) = direct::read(trimmed)
+            {
+                let peek = read.peek();
+                if self.placed(&peek, trimmed)? {
+                    self.start_direct(direct, trimmed.len(), read, &peek);
+                }
+                continue;
+            }
             // A request that finds the budget used waits here, as text;
             // everything else (a ping, the client's answers, cancellations)
             // goes on at once.
             let peeked = envelope::peek(trimmed);
-            if let Ok(peek) = &peeked {
-                let placed = match self.state.lock() {
-                    Ok(mut s) => s.place(peek, trimmed),
-                    Err(_) => return None,
-                };
-                match placed {
-                    Wait::Now => {}
-                    Wait::Parked => {
-                        tracing::debug!("calls in flight at the session's limit; a request waits for a place");
-                        continue;
-                    }
-                    Wait::Refused => {
-                        tracing::warn!("calls in flight and waiting at the session's limits; a request refused");
-                        self.out.reply_error(
-                            peek.id.clone().unwrap_or(Value::Null),
-                            session::BUSY,
-                            format!(
-                                "server busy: {} requests in flight and {} waiting for a place; send it again once one is answered",
-                                session::MAX_IN_FLIGHT,
-                                session::MAX_PARKED
-                            ),
-                        );
-                        continue;
-                    }
-                }
+            if let Ok(peek) = &peeked
+                && !self.placed(peek, trimmed)?
+            {
+                continue;
             }
             if let Some(msg) = self.handle_peeked(trimmed, peeked) {
                 return Some(msg);

@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use rmcp::RoleServer;
 use rmcp::model::{ErrorCode, ErrorData, JsonRpcMessage, ProtocolVersion, RequestId, ServerResult};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use serde_json::Value;
 
 use super::LineTransport;
 use super::envelope::Peek;
@@ -28,6 +29,17 @@ pub const MAX_PARKED: usize = 256;
 pub const MAX_PARKED_BYTES: usize = 32 * 1024 * 1024;
 /// The JSON-RPC error of a request beyond [`MAX_PARKED`].
 pub const BUSY: i64 = -32000;
+
+/// The key (JSON text) a request id is accounted under: the id as rmcp
+/// reads it (an integer written as a float, `1.0` or `1e2`, is that
+/// integer), so that the answer, which carries rmcp's id, finds it
+/// ([`super::id_key`]); an id rmcp cannot read, as written.
+pub(super) fn key(id: &Value) -> String {
+    match <RequestId as serde::Deserialize>::deserialize(id) {
+        Ok(rid) => super::id_key(&rid),
+        Err(_) => id.to_string(),
+    }
+}
 
 /// A request read while the budget was used, kept as its text.
 pub(super) struct Parked {
@@ -114,7 +126,7 @@ impl State {
         if self.parked.len() >= MAX_PARKED || self.parked_bytes + line.len() > MAX_PARKED_BYTES {
             return Wait::Refused;
         }
-        let key = peek.id.as_ref().map(ToString::to_string).unwrap_or_default();
+        let key = peek.id.as_ref().map(key).unwrap_or_default();
         self.parked_bytes += line.len();
         self.parked.push_back(Parked { key, line: line.to_vec() });
         Wait::Parked
@@ -166,24 +178,24 @@ impl State {
             if let Some(id) = &peek.id
                 && peek.is_modern()
             {
-                self.modern.insert(id.to_string());
+                self.modern.insert(key(id));
             }
         } else if is_request {
             if let Some(id) = &peek.id {
-                let key = id.to_string();
+                let key = key(id);
                 self.accepted_bytes += len;
+                if peek.is_modern() {
+                    self.modern.insert(key.clone());
+                }
                 if let Some(old) = self.accepted.insert(key, len) {
                     // A duplicate id: the older entry is replaced.
                     self.accepted_bytes -= old;
-                }
-                if peek.is_modern() {
-                    self.modern.insert(id.to_string());
                 }
             }
         } else if let Some(rid) = peek.cancelled_request() {
             // A cancelled request gets no reply: nothing to wait for. One
             // still parked never reaches rmcp.
-            let key = rid.to_string();
+            let key = key(rid);
             self.modern.remove(&key);
             self.unaccept(&key);
             if let Some(i) = self.parked.iter().position(|p| p.key == key) {
@@ -196,9 +208,20 @@ impl State {
             && let Some(id) = &peek.id
         {
             // The client's answer to one of our requests.
-            self.asked.remove(&id.to_string());
+            self.asked.remove(&key(id));
         }
         Admission::Pass { cancelled: false }
+    }
+
+    /// [`Self::admit`] for a direct call (`direct.rs`): a request of a
+    /// legacy session (so begun, and not modern), under `key`, its id's
+    /// key as [`key`] makes it.
+    pub(super) fn admit_call(&mut self, key: String, len: usize) {
+        self.accepted_bytes += len;
+        if let Some(old) = self.accepted.insert(key, len) {
+            // A duplicate id: the older entry is replaced.
+            self.accepted_bytes -= old;
+        }
     }
 
     /// An answer of ours is about to be written: the first one, when it is
@@ -283,5 +306,40 @@ impl LineTransport {
                 () = self.out.gone_notify.notified() => return None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request is accounted under its id as rmcp reads it, so that its
+    /// answer (which carries rmcp's id) and a cancellation naming it in
+    /// another form both find it: an id written `1.0` once left the
+    /// session waiting for it forever at stdin's end.
+    #[test]
+    fn ids_are_keyed_as_rmcp_reads_them() {
+        let peek = |line: &'static str| match super::super::envelope::peek(line.as_bytes()) {
+            Ok(p) => p,
+            Err(_) => panic!("a valid envelope: {line}"),
+        };
+        let mut st = State { lifecycle_started: true, ..State::default() };
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1.0,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":2e0,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":"\u0061","method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#,
+        ] {
+            assert!(matches!(st.admit(&peek(line), 10), Admission::Pass { cancelled: false }));
+        }
+        assert_eq!(st.in_flight(), 4);
+        for id in [RequestId::Number(1), RequestId::Number(2), RequestId::String("a".into())] {
+            st.answered(&super::super::id_key(&id));
+        }
+        assert_eq!(st.in_flight(), 1, "answered under rmcp's form of their ids");
+        let cancel = peek(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3.0}}"#);
+        assert!(matches!(st.admit(&cancel, 0), Admission::Pass { cancelled: true }));
+        assert_eq!((st.in_flight(), st.accepted_bytes), (0, 0), "cancelled under another form of its id");
+        assert_eq!(key(&serde_json::json!(1.5)), "1.5", "an id rmcp cannot read stays as written");
     }
 }

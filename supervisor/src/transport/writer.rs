@@ -130,11 +130,35 @@ impl Out {
     /// still has that line written.
     pub(super) async fn write_pending(&self) {
         let mut w = self.w.lock().await;
-        let lines = std::mem::take(&mut *lock(&self.pending));
+        let mut lines = std::mem::take(&mut *lock(&self.pending));
         if lines.is_empty() {
             return;
         }
         let mut after_progress = self.after_progress.load(Ordering::Acquire);
+        // One line that the progress rule does not hold back (a lone
+        // call's answer): written as it is, without a batch to copy it into.
+        if let [line] = &lines[..]
+            && !(line.kind == Kind::Reply && after_progress)
+        {
+            match line.kind {
+                Kind::Progress => after_progress = true,
+                Kind::Reply => after_progress = false,
+                Kind::Other => {}
+            }
+            let Some(line) = lines.pop() else { return };
+            // The emptied list is kept for the next line (no allocation
+            // per line).
+            {
+                let mut pending = lock(&self.pending);
+                if pending.capacity() == 0 {
+                    *pending = lines;
+                }
+            }
+            if self.write(&mut w, line.bytes).await {
+                self.after_progress.store(after_progress, Ordering::Release);
+            }
+            return;
+        }
         let mut batch = Vec::with_capacity(lines.iter().map(|l| l.bytes.len()).sum());
         for line in lines {
             if line.kind == Kind::Reply && after_progress {
@@ -206,6 +230,15 @@ impl Out {
         // A write failure is handled (logged once, session ended) by
         // `send_line`; telling rmcp as well would only log it again.
         self.send_line(line, kind, company).await;
+        self.answered.notify_one();
+    }
+
+    /// Write the answer to a request, already encoded as `line` (without
+    /// its newline): [`Self::deliver`] for a response built by the
+    /// transport itself (a direct call's, `direct.rs`).
+    pub(super) async fn deliver_answer(&self, mut line: Vec<u8>, company: Company) {
+        line.push(b'\n');
+        self.send_line(line, Kind::Reply, company).await;
         self.answered.notify_one();
     }
 
