@@ -400,3 +400,24 @@ fn taken_at_least(s: &Mcp, n: usize) -> usize {
         (count >= n).then_some(count)
     })
 }
+
+/// A request whose id is written as a float (`7.0`, `8e0`) is answered
+/// under rmcp's reading of that id, through rmcp and as a direct call, and
+/// counts as answered: the session still ends at stdin's end (it used to
+/// wait for such a request forever).
+#[test]
+fn requests_with_float_ids_are_answered_and_the_session_ends() {
+    let fake = Fake::start(Some("t0k"));
+    let mut s = session(&fake, "read", &[]);
+    s.send_raw(r#"{"jsonrpc":"2.0","id":7.0,"method":"tools/list"}"#);
+    s.send_raw(
+        r#"{"jsonrpc":"2.0","id":8e0,"method":"tools/call","params":{"name":"query_action","arguments":{"action":"get_status"}}}"#,
+    );
+    let listed = s.wait_for(&json!(7));
+    assert!(listed["result"]["tools"].is_array(), "{listed}");
+    let called = s.wait_for(&json!(8));
+    assert_eq!(diag(&called["result"])["outcome"], "success", "{called}");
+    s.close_stdin();
+    let status = wait_exit(&mut s.child, "the server exits at stdin's end");
+    assert!(status.success(), "{status:?}");
+}
