@@ -34,6 +34,7 @@ use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use serde_json::Value;
 use tokio::io::AsyncRead;
+use tokio::sync::mpsc;
 
 use crate::stdio::Output;
 pub(crate) use direct::Direct;
@@ -47,19 +48,39 @@ use writer::Out;
 pub use writer::StdoutState;
 
 pub struct LineTransport {
-    reader: LineReader,
-    /// Whether the end of stdin with calls in flight was logged (rmcp may
-    /// drop and re-poll `receive` while they finish).
-    eof_logged: bool,
+    /// The reading side, until the first `receive` starts it as a task of
+    /// its own ([`Input::run`]).
+    input: Option<Input>,
+    /// Where that task hands rmcp the messages that are rmcp's, until it
+    /// is started.
+    to_rmcp: Option<mpsc::Sender<RxJsonRpcMessage<RoleServer>>>,
+    /// The messages that are rmcp's, from the reading task (none once it
+    /// ended: the session ends).
+    inbox: mpsc::Receiver<RxJsonRpcMessage<RoleServer>>,
+    /// The reading task, stopped with the transport.
+    reading: Option<tokio::task::AbortHandle>,
     out: Arc<Out>,
     state: Arc<Mutex<State>>,
     server_info: Arc<Value>,
-    /// The audit log digests every execution's params (so they are parsed).
-    audit: bool,
     /// Behind serve-http's front: a server request made within a client's
     /// request is preceded by the marker naming that request
     /// ([`snowluma_proto::session::RELATED_METHOD`]).
     relayed: bool,
+}
+
+/// The reading side of the transport: stdin, line by line. A direct call
+/// is answered from here ([`direct`]); everything else is rmcp's, handed
+/// over one message at a time. Reading stdin in a task of its own means
+/// that a direct call wakes this task alone, not rmcp's loop and its
+/// other waits.
+struct Input {
+    reader: LineReader,
+    /// Whether the end of stdin with calls in flight was logged.
+    eof_logged: bool,
+    out: Arc<Out>,
+    state: Arc<Mutex<State>>,
+    /// The audit log digests every execution's params (so they are parsed).
+    audit: bool,
     /// Query tools' calls answered without rmcp's dispatch ([`direct`]).
     direct: Option<Arc<Direct>>,
 }
@@ -80,21 +101,36 @@ impl LineTransport {
         server_info: Value,
         audit: bool,
     ) -> LineTransport {
-        LineTransport {
+        let out = Arc::new(Out::new(output, unread));
+        let state: Arc<Mutex<State>> = Arc::default();
+        // One message at a time, as rmcp takes them: stdin is not read
+        // ahead of rmcp by more than that.
+        let (to_rmcp, inbox) = mpsc::channel(1);
+        let input = Input {
             reader: LineReader::new(input),
             eof_logged: false,
-            out: Arc::new(Out::new(output, unread)),
-            state: Arc::default(),
-            server_info: Arc::new(server_info),
+            out: out.clone(),
+            state: state.clone(),
             audit,
-            relayed: false,
             direct: None,
+        };
+        LineTransport {
+            input: Some(input),
+            to_rmcp: Some(to_rmcp),
+            inbox,
+            reading: None,
+            out,
+            state,
+            server_info: Arc::new(server_info),
+            relayed: false,
         }
     }
 
     /// Answer query tools' calls from the transport ([`direct`]).
     pub fn direct_calls(mut self, direct: Arc<Direct>) -> LineTransport {
-        self.direct = Some(direct);
+        if let Some(input) = &mut self.input {
+            input.direct = Some(direct);
+        }
         self
     }
 
@@ -120,7 +156,37 @@ impl LineTransport {
     }
 }
 
-impl LineTransport {
+impl Drop for LineTransport {
+    fn drop(&mut self) {
+        if let Some(task) = &self.reading {
+            task.abort();
+        }
+    }
+}
+
+impl Input {
+    /// Read stdin until the session ends, handing rmcp its messages; the
+    /// session ends (rmcp's `receive` gets none) when this returns: at
+    /// stdin's end once every call is answered, when stdout is gone, when
+    /// stdin fails, or when rmcp stops taking messages.
+    async fn run(mut self, to_rmcp: mpsc::Sender<RxJsonRpcMessage<RoleServer>>) {
+        let out = self.out.clone();
+        // One wait for stdout's end, for the whole session.
+        let gone = out.gone_notify.notified();
+        let mut gone = std::pin::pin!(gone);
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = &mut gone => return,
+                m = self.next() => m,
+            };
+            let Some(msg) = next else { return };
+            if to_rmcp.send(msg).await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Whether the request `line` (whose envelope is `peek`) goes on now:
     /// one that finds the session's budget used waits, as text, or is
     /// refused at once when too many wait (everything else — a ping, the
@@ -232,6 +298,88 @@ impl LineTransport {
         }
     }
 
+    /// The next message that is rmcp's; `None` once the session ends.
+    /// Direct calls are started here as their lines are read.
+    async fn next(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            if self.out.is_gone() {
+                return None;
+            }
+            let (eof, parked, waiting) = match self.state.lock() {
+                Ok(s) if s.eof => (true, None, false),
+                Ok(mut s) => (false, s.unpark(), s.has_parked()),
+                Err(_) => return None,
+            };
+            if eof {
+                // Called again after each message the drain hands on.
+                return self.drain_at_eof().await;
+            }
+            if let Some(p) = parked {
+                match self.handle_line(&p.line) {
+                    Some(msg) => return Some(msg),
+                    None => continue,
+                }
+            }
+            // `read_line` is cancel-safe, so losing this race loses no input.
+            // With requests parked, an answer (a place freed) wakes us too.
+            let read = if waiting {
+                let out = self.out.clone();
+                tokio::select! {
+                    () = out.answered.notified() => continue,
+                    r = self.reader.read_line() => r,
+                }
+            } else {
+                self.reader.read_line().await
+            };
+            let line = match read {
+                Ok(Line::Eof) => return self.drain_at_eof().await,
+                Ok(Line::Full(bytes)) => bytes,
+                Ok(Line::TooLong(prefix)) => {
+                    tracing::warn!(limit = MAX_LINE_BYTES, "input message over the size limit rejected");
+                    self.out.reply_error(
+                        recover_id(&prefix),
+                        -32600,
+                        format!("message exceeds the {MAX_LINE_BYTES}-byte limit"),
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "stdin read failed; ending the session");
+                    return None;
+                }
+            };
+            let trimmed = line.trim_ascii();
+            if trimmed.is_empty() {
+                continue;
+            }
+            // A query tool's call in a legacy session is read once, whole,
+            // and answered here ([`direct`]); its envelope is what that
+            // reading says.
+            if let Some(direct) = &self.direct
+                && self.state.lock().is_ok_and(|s| s.legacy_session())
+                && let Some(read) = direct::read(trimmed)
+            {
+                let peek = read.peek();
+                if self.placed(&peek, trimmed)? {
+                    self.start_direct(direct, trimmed.len(), read, &peek);
+                }
+                continue;
+            }
+            // A request that finds the budget used waits here, as text;
+            // everything else (a ping, the client's answers, cancellations)
+            // goes on at once.
+            let peeked = envelope::peek(trimmed);
+            if let Ok(peek) = &peeked
+                && !self.placed(peek, trimmed)?
+            {
+                continue;
+            }
+            if let Some(msg) = self.handle_peeked(trimmed, peeked) {
+                return Some(msg);
+            }
+        }
+    }
+
     /// A line refused before it was parsed: its error answer, or nothing.
     fn reject(&self, reject: Reject) {
         match reject {
@@ -336,80 +484,10 @@ impl Transport<RoleServer> for LineTransport {
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
-        loop {
-            if self.out.is_gone() {
-                return None;
-            }
-            let (eof, parked, waiting) = match self.state.lock() {
-                Ok(s) if s.eof => (true, None, false),
-                Ok(mut s) => (false, s.unpark(), s.has_parked()),
-                Err(_) => return None,
-            };
-            if eof {
-                // rmcp polls again after each message the drain hands it.
-                return self.drain_at_eof().await;
-            }
-            if let Some(p) = parked {
-                match self.handle_line(&p.line) {
-                    Some(msg) => return Some(msg),
-                    None => continue,
-                }
-            }
-            let out = self.out.clone();
-            // `read_line` is cancel-safe, so losing this race loses no input.
-            // With requests parked, an answer (a place freed) wakes us too.
-            let read = tokio::select! {
-                () = out.gone_notify.notified() => return None,
-                () = out.answered.notified(), if waiting => continue,
-                r = self.reader.read_line() => r,
-            };
-            let line = match read {
-                Ok(Line::Eof) => return self.drain_at_eof().await,
-                Ok(Line::Full(bytes)) => bytes,
-                Ok(Line::TooLong(prefix)) => {
-                    tracing::warn!(limit = MAX_LINE_BYTES, "input message over the size limit rejected");
-                    self.out.reply_error(
-                        recover_id(&prefix),
-                        -32600,
-                        format!("message exceeds the {MAX_LINE_BYTES}-byte limit"),
-                    );
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "stdin read failed; ending the session");
-                    return None;
-                }
-            };
-            let trimmed = line.trim_ascii();
-            if trimmed.is_empty() {
-                continue;
-            }
-            // A query tool's call in a legacy session is read once, whole,
-            // and answered here ([`direct`]); its envelope is what that
-            // reading says.
-            if let Some(direct) = &self.direct
-                && self.state.lock().is_ok_and(|s| s.legacy_session())
-                && let Some(read) = direct::read(trimmed)
-            {
-                let peek = read.peek();
-                if self.placed(&peek, trimmed)? {
-                    self.start_direct(direct, trimmed.len(), read, &peek);
-                }
-                continue;
-            }
-            // A request that finds the budget used waits here, as text;
-            // everything else (a ping, the client's answers, cancellations)
-            // goes on at once.
-            let peeked = envelope::peek(trimmed);
-            if let Ok(peek) = &peeked
-                && !self.placed(peek, trimmed)?
-            {
-                continue;
-            }
-            if let Some(msg) = self.handle_peeked(trimmed, peeked) {
-                return Some(msg);
-            }
+        if let (Some(input), Some(to_rmcp)) = (self.input.take(), self.to_rmcp.take()) {
+            self.reading = Some(tokio::spawn(input.run(to_rmcp)).abort_handle());
         }
+        self.inbox.recv().await
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {

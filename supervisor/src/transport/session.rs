@@ -13,7 +13,7 @@ use rmcp::model::{ErrorCode, ErrorData, JsonRpcMessage, ProtocolVersion, Request
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::Value;
 
-use super::LineTransport;
+use super::Input;
 use super::envelope::Peek;
 
 /// Most requests in flight at once per session; further ones wait (parked)
@@ -256,7 +256,7 @@ impl State {
     }
 }
 
-impl LineTransport {
+impl Input {
     /// stdin has ended. Requests still parked are handed to rmcp as places
     /// free up, and every request accepted is still answered: the session
     /// ends (this returns `None`) only once none is outstanding, each within
