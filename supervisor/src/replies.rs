@@ -125,9 +125,7 @@ fn reply_kind(r: &Reply) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::TraceInput;
     use serde_json::json;
-    use snowluma_proto::JsonText;
 
     /// What `render` wrote before it moved the result: `json!` copies and
     /// `to_string_pretty`, kept as the reference its output must match.
@@ -160,17 +158,48 @@ mod tests {
     /// results.
     #[test]
     fn render_writes_what_the_copying_construction_wrote() {
-        let trace = CallTrace {
+        let trace = samples::trace();
+        let replies = samples::replies();
+        for (n, reply) in replies.into_iter().enumerate() {
+            let ours = serde_json::to_string(&render(reply.clone(), &trace)).unwrap();
+            let theirs = serde_json::to_string(&reference(reply, &trace)).unwrap();
+            assert_eq!(ours, theirs, "reply {n}");
+        }
+    }
+}
+
+/// Sample results and a trace, for the tests of every rendering of a reply.
+#[cfg(test)]
+pub(crate) mod samples {
+    use serde_json::{Value, json};
+    use snowluma_proto::{Diagnostics, FailureKind, JsonText, ToolReply};
+
+    use crate::trace::{CallTrace, TraceInput};
+
+    /// A call's trace, with a fixed traceparent.
+    pub(crate) fn trace() -> CallTrace {
+        CallTrace {
             traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
             tracestate: None,
             input: TraceInput::Absent,
             tracestate_rejected: false,
-        };
+        }
+    }
+
+    /// Results nested, escaped, empty, large, unparsable, with a repeated
+    /// key and absent; business failures; errors with and without a
+    /// message; every diagnostic field.
+    pub(crate) fn replies() -> Vec<ToolReply> {
         let deep = (0..40).fold(json!("core"), |v, i| json!({ format!("k{i}"): [v, i, null] }));
         let wide: Vec<Value> =
-            (0..2000).map(|i| json!({"user_id": i, "nickname": "名字\n\"q\"", "x": 1.5e300})).collect();
-        let replies = vec![
+            (0..2000).map(|i| json!({"user_id": i, "nickname": "名字\n\"q\"", "x": 1.5e300, "y": -0.0})).collect();
+        let mut every = Diagnostics::failed(FailureKind::RateLimited, "慢一点 \"quoted\"\n")
+            .with_next_step("wait")
+            .with_retry_after_ms(1500);
+        every.replayed = true;
+        vec![
             ToolReply::ok(&json!({"status": "ok", "retcode": 0, "data": {"online": true, "good": true}})),
+            ToolReply::ok(&json!({"status": "failed", "retcode": 1400, "data": null, "wording": "x\u{7f}\u{1}"})),
             ToolReply::ok(&json!({})),
             ToolReply::ok(&json!([])),
             ToolReply::ok(&Value::Null),
@@ -178,18 +207,19 @@ mod tests {
             ToolReply::ok(&deep),
             ToolReply::ok(&Value::Array(wide)),
             ToolReply { result: Some(JsonText("not json".into())), ..ToolReply::ok(&Value::Null) },
+            ToolReply {
+                result: Some(JsonText(r#"{"a":1,"a":2,"big":123456789012345678901234567890}"#.into())),
+                ..ToolReply::ok(&Value::Null)
+            },
             ToolReply { result: None, ..ToolReply::ok(&Value::Null) },
             ToolReply::fail(FailureKind::Transport, "SnowLuma is unreachable"),
             ToolReply::error(Diagnostics::failed(FailureKind::Transport, "x").with_next_step("retry later")),
+            ToolReply::error(every.clone()),
+            ToolReply { diagnostics: every, ..ToolReply::ok(&json!({"a": "b"})) },
             ToolReply {
                 diagnostics: Diagnostics { message: None, ..Diagnostics::success() },
                 ..ToolReply::error(Diagnostics::success())
             },
-        ];
-        for (n, reply) in replies.into_iter().enumerate() {
-            let ours = serde_json::to_string(&render(reply.clone(), &trace)).unwrap();
-            let theirs = serde_json::to_string(&reference(reply, &trace)).unwrap();
-            assert_eq!(ours, theirs, "reply {n}");
-        }
+        ]
     }
 }

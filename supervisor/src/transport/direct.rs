@@ -380,10 +380,8 @@ mod tests {
     use rmcp::model::{JsonRpcMessage, ServerResult};
     use rmcp::service::TxJsonRpcMessage;
     use serde_json::json;
-    use snowluma_proto::{FailureKind, JsonText};
 
     use super::*;
-    use crate::trace::TraceInput;
 
     /// What rmcp writes for a legacy session's `tools/call` answer: the
     /// rendered result, stripped as rmcp's handler strips it for a legacy
@@ -402,43 +400,8 @@ mod tests {
     /// and string ids.
     #[test]
     fn answer_lines_are_rmcps() {
-        let trace = CallTrace {
-            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
-            tracestate: None,
-            input: TraceInput::Absent,
-            tracestate_rejected: false,
-        };
-        let deep = (0..40).fold(json!("core"), |v, i| json!({ format!("k{i}"): [v, i, null] }));
-        let wide: Vec<Value> =
-            (0..500).map(|i| json!({"user_id": i, "nickname": "名字\n\"q\"", "x": 1.5e300, "y": -0.0})).collect();
-        let mut every = Diagnostics::failed(FailureKind::RateLimited, "慢一点 \"quoted\"\n")
-            .with_next_step("wait")
-            .with_retry_after_ms(1500);
-        every.replayed = true;
-        let replies = vec![
-            ToolReply::ok(&json!({"status": "ok", "retcode": 0, "data": {"online": true, "good": true}})),
-            ToolReply::ok(&json!({"status": "failed", "retcode": 1400, "data": null, "wording": "x\u{7f}\u{1}"})),
-            ToolReply::ok(&json!({})),
-            ToolReply::ok(&json!([])),
-            ToolReply::ok(&Value::Null),
-            ToolReply::ok(&json!("a \u{1} control and \\ a backslash")),
-            ToolReply::ok(&deep),
-            ToolReply::ok(&Value::Array(wide)),
-            ToolReply { result: Some(JsonText("not json".into())), ..ToolReply::ok(&Value::Null) },
-            ToolReply {
-                result: Some(JsonText(r#"{"a":1,"a":2,"big":123456789012345678901234567890}"#.into())),
-                ..ToolReply::ok(&Value::Null)
-            },
-            ToolReply { result: None, ..ToolReply::ok(&Value::Null) },
-            ToolReply::fail(FailureKind::Transport, "SnowLuma is unreachable"),
-            ToolReply::error(Diagnostics::failed(FailureKind::Transport, "x").with_next_step("retry later")),
-            ToolReply::error(every.clone()),
-            ToolReply { diagnostics: every, ..ToolReply::ok(&json!({"a": "b"})) },
-            ToolReply {
-                diagnostics: Diagnostics { message: None, ..Diagnostics::success() },
-                ..ToolReply::error(Diagnostics::success())
-            },
-        ];
+        let trace = crate::replies::samples::trace();
+        let replies = crate::replies::samples::replies();
         let ids = [RequestId::Number(7), RequestId::Number(-1), RequestId::String("a \"quoted\" é id".into())];
         for (n, reply) in replies.into_iter().enumerate() {
             for id in &ids {
