@@ -11,38 +11,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// peer pin unbounded memory.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
-/// A writer that finds more frames queued appends them to the one it is
-/// about to write, up to this many bytes, and writes them at once ([`batch`]).
+/// A writer that finds more frames queued writes at most this many bytes
+/// of them at once ([`crate::outbox`]).
 pub const BATCH_BYTES: usize = 64 * 1024;
-
-/// One write's worth of frames: `first`, then every message `queued` still
-/// holds, each `encode`d (a message it refuses, `None`, is left out), until
-/// the buffer reaches [`BATCH_BYTES`]; the rest waits for the next write.
-/// With calls in flight the peer is then woken once per batch. Returns the
-/// buffer and the length of its largest frame.
-pub fn batch<M>(
-    first: M,
-    mut queued: impl FnMut() -> Option<M>,
-    mut encode: impl FnMut(M) -> Option<Vec<u8>>,
-) -> (Vec<u8>, usize) {
-    let mut out: Vec<u8> = Vec::new();
-    let mut largest = 0;
-    let mut next = Some(first);
-    while let Some(msg) = next.take() {
-        if let Some(frame) = encode(msg) {
-            largest = largest.max(frame.len());
-            if out.is_empty() {
-                out = frame;
-            } else {
-                out.extend_from_slice(&frame);
-            }
-        }
-        if out.len() < BATCH_BYTES {
-            next = queued();
-        }
-    }
-    (out, largest)
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -128,21 +99,6 @@ where
 mod tests {
     use super::*;
     use crate::msg::{JsonText, Request, ToWorker};
-
-    /// A batch takes what is queued, in order, leaves out what `encode`
-    /// refuses, stops once it holds BATCH_BYTES, and names its largest frame.
-    #[test]
-    fn a_batch_takes_the_queue_up_to_its_size() {
-        let mut queue: std::collections::VecDeque<usize> = [2, 0, 3].into();
-        let encode = |n: usize| (n > 0).then(|| vec![n as u8; n]);
-        let (out, largest) = batch(1, || queue.pop_front(), encode);
-        assert_eq!(out, [1, 2, 2, 3, 3, 3]);
-        assert_eq!(largest, 3);
-        let mut queue: std::collections::VecDeque<usize> = [BATCH_BYTES, 5, 6].into();
-        let (out, largest) = batch(1, || queue.pop_front(), encode);
-        assert_eq!((out.len(), largest), (1 + BATCH_BYTES, BATCH_BYTES));
-        assert_eq!(queue, [5, 6], "the rest waits for the next write");
-    }
 
     #[tokio::test]
     async fn round_trip_and_limits() {

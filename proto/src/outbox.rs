@@ -20,12 +20,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 
+// The most one flusher write takes; the rest waits for the next (a bound
+// on one write, not on the queue: a sender never waits).
+use crate::frame::BATCH_BYTES;
 use crate::sockio::SockWriter;
-
-/// Queued bytes beyond which the flusher writes what it has and comes back
-/// for the rest (a bound on one write, not on the queue: a sender never
-/// waits).
-const BATCH_BYTES: usize = crate::frame::BATCH_BYTES;
 
 /// Frames to one socket from many tasks.
 pub struct Outbox {
@@ -165,17 +163,18 @@ impl Outbox {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::OwnedFd;
     use std::sync::Arc;
 
     use tokio::io::AsyncReadExt;
 
     use super::*;
     use crate::sockio::split_one;
+    use crate::sockio::tests::pair;
 
-    fn pair() -> (OwnedFd, OwnedFd) {
-        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-        socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC).unwrap()
+    /// The outbox's flusher, as its owner runs it.
+    fn flusher(outbox: &Arc<Outbox>) -> tokio::task::JoinHandle<io::Error> {
+        let o = outbox.clone();
+        tokio::spawn(async move { o.flush().await })
     }
 
     /// A frame with nothing ahead of it is written by its sender, before
@@ -194,10 +193,7 @@ mod tests {
         outbox.send(b"-2".to_vec()).unwrap();
         outbox.send_now(b"-3".to_vec()).unwrap();
         outbox.send(b"-4".to_vec()).unwrap();
-        let flusher = tokio::spawn({
-            let o = outbox.clone();
-            async move { o.flush().await }
-        });
+        let flusher = flusher(&outbox);
         let mut buf = [0u8; 6];
         br.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"-2-3-4", "a send_now behind queued frames waits its turn");
@@ -212,10 +208,7 @@ mod tests {
         let (_ar, aw) = split_one(a).unwrap();
         let (mut br, _bw) = split_one(b).unwrap();
         let outbox = Arc::new(Outbox::new(aw));
-        let flusher = tokio::spawn({
-            let o = outbox.clone();
-            async move { o.flush().await }
-        });
+        let flusher = flusher(&outbox);
         let frames: Vec<Vec<u8>> = (0..40u32).map(|i| vec![i as u8; 100_000 + i as usize]).collect();
         let expect: Vec<u8> = frames.concat();
         let sender = tokio::spawn({

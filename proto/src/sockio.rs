@@ -224,11 +224,12 @@ impl AsyncWrite for SockWriter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    fn pair() -> (OwnedFd, OwnedFd) {
+    /// A connected Unix stream socketpair, for the tests of what runs on one.
+    pub(crate) fn pair() -> (OwnedFd, OwnedFd) {
         use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
         socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC).unwrap()
     }

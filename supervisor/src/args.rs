@@ -138,8 +138,6 @@ impl Params {
     pub fn json_text(&self) -> JsonText {
         match (self, self.text()) {
             (Params::Raw { .. }, Some(t)) => JsonText(t.to_owned()),
-            // No params (`{}`): what serializing it would write.
-            (Params::Value(Value::Object(m)), _) if m.is_empty() => JsonText("{}".to_owned()),
             (Params::Value(v), _) => JsonText::from_value(v),
             _ => JsonText("{}".to_owned()),
         }

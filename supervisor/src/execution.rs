@@ -80,9 +80,11 @@ impl ServerState {
     }
 
     /// A direct call's first steps, taken in the caller's turn (its line
-    /// was just read): the gates, and, for a call with nothing around it
-    /// ([`Self::run_plain`]'s), the request sent to the network executor.
-    /// What is left is awaited with [`Begun::finish`].
+    /// was just read): the gates, and, for a call with nothing around its
+    /// request (no audit log, idempotency key or transfer), the pacing
+    /// charged and the request sent to the network executor: the steps of
+    /// [`Self::run`] for such a call, without its awaits. What is left is
+    /// awaited with [`Begun::finish`].
     pub(crate) fn begin(&self, spec: ToolSpec, args: gates::ExecArgs, trace: &CallTrace) -> Begun {
         let admission = match gates::admit_args(&self.gate_context(), spec, gates::Entry::Call, args) {
             Ok(a) => a,

@@ -334,11 +334,7 @@ pub fn stream(action: &Action) -> Result<(), ToolReply> {
 /// Every gate, once, in Node's order (see [`Step`]): the admission the call
 /// runs on, or the first refusal.
 pub fn admit<N: Clone>(cx: &Context<'_, N>, spec: ToolSpec, entry: Entry, args: Args) -> Result<Admission<N>, Refused> {
-    // The mode first (re-checked on every call), as Node.
-    if !spec.modes.contains(cx.mode) {
-        return Err(Refused::at(Step::Mode)(mode_refusal(spec.modes)));
-    }
-    admit_read(cx, spec, entry, exec_arguments(args))
+    admit_args(cx, spec, entry, exec_arguments(args))
 }
 
 /// [`admit`] for arguments already read ([`exec_arguments`]): the
@@ -348,21 +344,12 @@ pub fn admit_args<N: Clone>(
     cx: &Context<'_, N>,
     spec: ToolSpec,
     entry: Entry,
-    args: ExecArgs,
+    mut args: ExecArgs,
 ) -> Result<Admission<N>, Refused> {
+    // The mode first (re-checked on every call), as Node.
     if !spec.modes.contains(cx.mode) {
         return Err(Refused::at(Step::Mode)(mode_refusal(spec.modes)));
     }
-    admit_read(cx, spec, entry, args)
-}
-
-/// Every gate after the mode's, on the arguments as read.
-fn admit_read<N: Clone>(
-    cx: &Context<'_, N>,
-    spec: ToolSpec,
-    entry: Entry,
-    mut args: ExecArgs,
-) -> Result<Admission<N>, Refused> {
     let network = endpoint(cx.network).map_err(Refused::at(Step::Endpoint))?.clone();
     let action = catalog_action(cx.catalog, &args.action).map_err(Refused::at(Step::Catalog))?;
     read_only(spec.handler.read_only_tool(), action, &args.action).map_err(Refused::at(Step::ReadOnly))?;

@@ -157,9 +157,14 @@ impl WorkerSlot {
         self.stop.cancel();
     }
 
+    /// The live worker's connection, if one is live now.
+    fn live_conn(&self) -> Option<Arc<Conn>> {
+        self.live.borrow().clone()
+    }
+
     async fn conn(&self, cancel: &CancellationToken) -> Result<Arc<Conn>, CallError> {
         // The usual case, a live worker, needs no wait and no timer.
-        if let Some(c) = self.live.borrow().clone() {
+        if let Some(c) = self.live_conn() {
             return Ok(c);
         }
         let mut rx = self.live.clone();
@@ -211,8 +216,7 @@ impl WorkerSlot {
     ) -> Result<Reply, CallError> {
         // A live worker needs no wait (the wait's state, timer included,
         // stays out of every call's future).
-        let live = self.live.borrow().clone();
-        let conn = match live {
+        let conn = match self.live_conn() {
             Some(c) => c,
             None => Box::pin(self.conn(cancel)).await?,
         };
@@ -224,8 +228,7 @@ impl WorkerSlot {
     /// gives the request back when no worker is live (the caller then uses
     /// [`Self::call`], which waits for one).
     pub fn send(&self, request: Request) -> Result<Sent, NotSent> {
-        let live = self.live.borrow().clone();
-        let Some(conn) = live else { return Err(NotSent::NotLive(Box::new(request))) };
+        let Some(conn) = self.live_conn() else { return Err(NotSent::NotLive(Box::new(request))) };
         self.send_on(conn, request, None, None).map_err(NotSent::Failed)
     }
 

@@ -17,8 +17,9 @@
 //! - the session began with `initialize`, whose answer negotiated a
 //!   version before 2026-07-28 (so rmcp checks nothing per request and
 //!   strips the result to the legacy shape);
-//! - the request's `_meta` names no protocol version and no progress token
-//!   (progress needs rmcp's peer);
+//! - the request's `_meta` has no protocol version, client capabilities or
+//!   progress token, in any form (a modern request; progress needs rmcp's
+//!   peer);
 //! - the tool is a query tool, its name is written without escapes, the
 //!   call carries no continuation (`inputResponses`, `requestState`), and
 //!   its arguments are an object.
@@ -61,16 +62,6 @@ pub(crate) struct Direct {
 pub(super) struct Answer<'a> {
     pub(super) out: &'a Arc<super::Out>,
     pub(super) session: &'a Arc<Mutex<super::State>>,
-}
-
-/// What became of a direct call given to [`Direct::start`].
-pub(super) enum Taken {
-    /// The call is running here.
-    Running,
-    /// Refused unparsed (too large), as the general path refuses it.
-    Refused(Reject),
-    /// The session's state is unusable: the line is dropped.
-    Dropped,
 }
 
 /// A `tools/call` line as a direct call reads it, borrowed from the line.
@@ -173,9 +164,11 @@ impl Direct {
     }
 
     /// Start the direct call `read` from a `len`-byte line whose envelope
-    /// is `peek` (what [`Read::peek`] says, or the line's own): it is
-    /// accounted for in the session's budget and running. `audit`: the
-    /// audit log digests `params` (so they count as parsed).
+    /// is `peek` ([`Read::peek`]): it is accounted for in the session's
+    /// budget and running. `audit`: the audit log digests `params` (so they
+    /// count as parsed). `Some`: refused unparsed (too large), as the
+    /// general path refuses it. A session whose state is unusable drops
+    /// the line, as the general path does.
     pub(super) fn start(
         self: &Arc<Self>,
         len: usize,
@@ -183,7 +176,7 @@ impl Direct {
         peek: &Peek<'_>,
         audit: bool,
         answer: Answer<'_>,
-    ) -> Taken {
+    ) -> Option<Reject> {
         let Read { id, spec, arguments, meta } = read;
         // The arguments, read once: for the call's memory cost, then for
         // the gates.
@@ -192,7 +185,7 @@ impl Direct {
         let all = envelope::values(arguments.get().as_bytes());
         let cost = envelope::exec_cost(len, all, args.params.as_ref().and_then(|p| p.text()), audit);
         if cost > envelope::MAX_MESSAGE_COST {
-            return Taken::Refused(envelope::too_large(peek, cost));
+            return Some(envelope::too_large(peek, cost));
         }
         // Kept out of rmcp's own request lines, so shown here, to
         // SNOWLUMA_MCP_LOG_PAYLOADS=1 only.
@@ -200,7 +193,7 @@ impl Direct {
         let key = super::id_key(&id);
         match answer.session.lock() {
             Ok(mut st) => st.admit_call(key.clone(), cost),
-            Err(_) => return Taken::Dropped,
+            Err(_) => return None,
         }
         let call = Call { spec, trace: CallTrace::from_meta(&meta), key, id, started: Instant::now() };
         let ct = CancellationToken::new();
@@ -213,7 +206,7 @@ impl Direct {
         // turn; the wait for the reply and the answer as a task.
         let begun = self.state.begin(spec, args, &call.trace);
         tokio::spawn(self.clone().run(call, begun, ct, n, answer.out.clone(), answer.session.clone()));
-        Taken::Running
+        None
     }
 
     /// Run a call taken and write its answer (none once it was cancelled).

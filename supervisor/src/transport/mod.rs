@@ -48,12 +48,9 @@ use writer::Out;
 pub use writer::StdoutState;
 
 pub struct LineTransport {
-    /// The reading side, until the first `receive` starts it as a task of
-    /// its own ([`Input::run`]).
-    input: Option<Input>,
-    /// Where that task hands rmcp the messages that are rmcp's, until it
-    /// is started.
-    to_rmcp: Option<mpsc::Sender<RxJsonRpcMessage<RoleServer>>>,
+    /// The reading side and where it hands rmcp its messages, until the
+    /// first `receive` starts it as a task of its own ([`Input::run`]).
+    input: Option<(Input, mpsc::Sender<RxJsonRpcMessage<RoleServer>>)>,
     /// The messages that are rmcp's, from the reading task (none once it
     /// ended: the session ends).
     inbox: mpsc::Receiver<RxJsonRpcMessage<RoleServer>>,
@@ -115,8 +112,7 @@ impl LineTransport {
             direct: None,
         };
         LineTransport {
-            input: Some(input),
-            to_rmcp: Some(to_rmcp),
+            input: Some((input, to_rmcp)),
             inbox,
             reading: None,
             out,
@@ -128,7 +124,7 @@ impl LineTransport {
 
     /// Answer query tools' calls from the transport ([`direct`]).
     pub fn direct_calls(mut self, direct: Arc<Direct>) -> LineTransport {
-        if let Some(input) = &mut self.input {
+        if let Some((input, _)) = &mut self.input {
             input.direct = Some(direct);
         }
         self
@@ -218,24 +214,23 @@ impl Input {
     /// One (trimmed, non-empty) input line: its envelope checked, parsed and
     /// accounted for; `None` when it was answered with an error or dropped.
     fn handle_line(&self, trimmed: &[u8]) -> Option<RxJsonRpcMessage<RoleServer>> {
-        if self.take_direct(trimmed) {
+        // A parked line was placed in the session's budget already.
+        if let Some(read) = self.direct_call(trimmed) {
+            let peek = read.peek();
+            self.start_direct(trimmed.len(), read, &peek);
             return None;
         }
         self.handle_peeked(trimmed, envelope::peek(trimmed))
     }
 
-    /// A query tool's call in a legacy session, read once, whole, and
-    /// answered here ([`direct`]): true when `trimmed` was one (and already
-    /// placed in the session's budget).
-    fn take_direct(&self, trimmed: &[u8]) -> bool {
-        let Some(direct) = &self.direct else { return false };
+    /// `line` as a query tool's call in a legacy session, read once, whole,
+    /// to be answered here ([`direct`]); `None` for any other line.
+    fn direct_call<'l>(&self, line: &'l [u8]) -> Option<direct::Read<'l>> {
+        self.direct.as_ref()?;
         if !self.state.lock().is_ok_and(|s| s.legacy_session()) {
-            return false;
+            return None;
         }
-        let Some(read) = direct::read(trimmed) else { return false };
-        let peek = read.peek();
-        self.start_direct(direct, trimmed.len(), read, &peek);
-        true
+        direct::read(line)
     }
 
     /// [`Self::handle_line`] for a line whose envelope was already looked
@@ -290,11 +285,11 @@ impl Input {
 
     /// Start a direct call, read from its `len`-byte line; a refusal is
     /// answered as the general path answers it.
-    fn start_direct(&self, direct: &Arc<Direct>, len: usize, read: direct::Read<'_>, peek: &envelope::Peek<'_>) {
+    fn start_direct(&self, len: usize, read: direct::Read<'_>, peek: &envelope::Peek<'_>) {
+        let Some(direct) = &self.direct else { return };
         let answer = direct::Answer { out: &self.out, session: &self.state };
-        match direct.start(len, read, peek, self.audit, answer) {
-            direct::Taken::Running | direct::Taken::Dropped => {}
-            direct::Taken::Refused(reject) => self.reject(reject),
+        if let Some(reject) = direct.start(len, read, peek, self.audit, answer) {
+            self.reject(reject);
         }
     }
 
@@ -355,13 +350,10 @@ impl Input {
             // A query tool's call in a legacy session is read once, whole,
             // and answered here ([`direct`]); its envelope is what that
             // reading says.
-            if let Some(direct) = &self.direct
-                && self.state.lock().is_ok_and(|s| s.legacy_session())
-                && let Some(read) = direct::read(trimmed)
-            {
+            if let Some(read) = self.direct_call(trimmed) {
                 let peek = read.peek();
                 if self.placed(&peek, trimmed)? {
-                    self.start_direct(direct, trimmed.len(), read, &peek);
+                    self.start_direct(trimmed.len(), read, &peek);
                 }
                 continue;
             }
@@ -484,7 +476,7 @@ impl Transport<RoleServer> for LineTransport {
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
-        if let (Some(input), Some(to_rmcp)) = (self.input.take(), self.to_rmcp.take()) {
+        if let Some((input, to_rmcp)) = self.input.take() {
             self.reading = Some(tokio::spawn(input.run(to_rmcp)).abort_handle());
         }
         self.inbox.recv().await

@@ -52,6 +52,18 @@ pub(super) enum Kind {
     Other,
 }
 
+impl Kind {
+    /// Whether the last message written is a progress notification once a
+    /// line of this kind is written after `after_progress`.
+    fn after(self, after_progress: bool) -> bool {
+        match self {
+            Kind::Progress => true,
+            Kind::Reply => false,
+            Kind::Other => after_progress,
+        }
+    }
+}
+
 /// Whether other answers may be ready to share a line's write: only then
 /// does a sender let the runtime run them before it writes (one more turn
 /// of the reactor, which a lone call would pay for nothing).
@@ -140,11 +152,7 @@ impl Out {
         if let [line] = &lines[..]
             && !(line.kind == Kind::Reply && after_progress)
         {
-            match line.kind {
-                Kind::Progress => after_progress = true,
-                Kind::Reply => after_progress = false,
-                Kind::Other => {}
-            }
+            after_progress = line.kind.after(after_progress);
             let Some(line) = lines.pop() else { return };
             // The emptied list is kept for the next line (no allocation
             // per line).
@@ -168,11 +176,7 @@ impl Out {
                 }
                 self.wait_read().await;
             }
-            match line.kind {
-                Kind::Progress => after_progress = true,
-                Kind::Reply => after_progress = false,
-                Kind::Other => {}
-            }
+            after_progress = line.kind.after(after_progress);
             batch.extend_from_slice(&line.bytes);
         }
         if self.write(&mut w, batch).await {

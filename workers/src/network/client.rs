@@ -12,7 +12,7 @@ use snowluma_proto::{ExecRequest, FailureKind, JsonText, NetworkConfig, ToolRepl
 use tokio::sync::Semaphore;
 
 use super::MAX_BODY_BYTES;
-use super::envelope::{MAX_RESPONSE_DEPTH, classify_body, too_deep as nests_too_deep};
+use super::envelope::{MAX_RESPONSE_DEPTH, classify_body, too_deep};
 use super::errors::{
     ABORTED_BY_TIMEOUT, ExecFailure, FETCH_FAILED, MAX_CALL_STACK, TERMINATED, cancelled, request_failed,
     reqwest_request_failure,
@@ -226,37 +226,33 @@ fn too_large(status: u16) -> ExecFailure {
 /// object, whatever the HTTP status, is the result, passed on unchanged.
 fn answer(status: u16, body: Vec<u8>) -> Result<ToolReply, ExecFailure> {
     // `res.text()`: invalid UTF-8 becomes U+FFFD, a leading BOM goes. The
-    // text is checked once, here.
+    // text is checked once, here; everything after reads it as text.
     let mut text = String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
     if text.starts_with('\u{feff}') {
         text.drain(..3);
     }
-    let body = text.into_bytes();
     let non_json = || ExecFailure::invalid(format!("OneBot returned non-JSON (HTTP {status})"));
     let unexpected = || ExecFailure::invalid(format!("OneBot returned an unexpected response (HTTP {status})"));
     // V8 parses any depth; JSON.stringify of the result then overflows
     // Node's stack. We cannot represent more than MAX_RESPONSE_DEPTH levels.
-    let too_deep = || ExecFailure::invalid(MAX_CALL_STACK);
-    let Some(envelope) = classify_body(&body) else {
-        let text = std::str::from_utf8(&body).map_err(|_| non_json())?;
+    let call_stack = || ExecFailure::invalid(MAX_CALL_STACK);
+    let Some(envelope) = classify_body(text.as_bytes()) else {
         // `text ? JSON.parse(text) : null`: an empty body is null.
         if text.is_empty() {
             return Err(unexpected());
         }
-        return Err(match json_syntax::check(text) {
+        return Err(match json_syntax::check(&text) {
             Err(_) => non_json(),
             Ok(shape) if !shape.top_is_object => unexpected(),
-            Ok(shape) if shape.depth > MAX_RESPONSE_DEPTH => too_deep(),
+            Ok(shape) if shape.depth > MAX_RESPONSE_DEPTH => call_stack(),
             // An object serde_json refuses though V8 takes it (a number
             // beyond f64, an unpaired surrogate escape).
             Ok(_) => non_json(),
         });
     };
-    if nests_too_deep(&body) {
-        return Err(too_deep());
+    if too_deep(text.as_bytes()) {
+        return Err(call_stack());
     }
-    // Valid JSON is valid UTF-8, so this never copies.
-    let text = String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
     Ok(ToolReply {
         result: Some(JsonText(text)),
         diagnostics: envelope.diagnostics,
