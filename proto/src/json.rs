@@ -170,6 +170,249 @@ mod transcode {
     }
 }
 
+/// JSON text that serde_json would write back unchanged, written out in
+/// one pass: compact (what serializing its `Value` writes) and pretty
+/// (what `to_string_pretty` of it writes), the pretty text already escaped
+/// as the inside of a JSON string (its quotes as `\"`, its newlines as
+/// `\n`). Taken only for text whose every token a `Value` round trip
+/// writes as it is: strings without escapes, integers of at most
+/// [`CANONICAL_DIGITS`] digits other than `-0`, `true`, `false`, `null`;
+/// objects without repeated keys, at most [`CANONICAL_KEYS`] members, and
+/// nesting at most [`CANONICAL_DEPTH`] deep. Whitespace between tokens is
+/// dropped, as a round trip drops it. `None` for any other text (a float,
+/// an escape, a long object, text that is not one JSON value): the caller
+/// then takes [`Transcoded`], whose bytes these are where both apply.
+pub fn canonical(text: &str) -> Option<Canonical> {
+    let mut w = CanonicalWriter {
+        text: text.as_bytes(),
+        at: 0,
+        compact: Vec::with_capacity(text.len()),
+        pretty: Vec::with_capacity(text.len() + text.len() / 2 + 16),
+        keys: Vec::new(),
+    };
+    w.value(0)?;
+    w.skip_space();
+    (w.at == w.text.len()).then_some(Canonical { compact: w.compact, pretty_escaped: w.pretty })
+}
+
+/// [`canonical`]'s two writings of one text.
+pub struct Canonical {
+    /// The compact text (valid JSON, UTF-8).
+    pub compact: Vec<u8>,
+    /// The pretty text, escaped as the inside of a JSON string.
+    pub pretty_escaped: Vec<u8>,
+}
+
+/// Integers longer than this are left to [`Transcoded`] (every integer of
+/// up to 18 digits fits both `i64` and `u64`, so it reads back as written).
+pub const CANONICAL_DIGITS: usize = 18;
+/// Objects with more members are left to [`Transcoded`] (each key is
+/// compared with the ones before it).
+pub const CANONICAL_KEYS: usize = 16;
+/// Deeper nesting is left to [`Transcoded`] (which keeps serde_json's limit).
+pub const CANONICAL_DEPTH: usize = 64;
+
+struct CanonicalWriter<'a> {
+    text: &'a [u8],
+    at: usize,
+    compact: Vec<u8>,
+    pretty: Vec<u8>,
+    /// The keys of the objects being read, innermost last.
+    keys: Vec<&'a [u8]>,
+}
+
+impl<'a> CanonicalWriter<'a> {
+    fn skip_space(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.text.get(self.at) {
+            self.at += 1;
+        }
+    }
+
+    /// Both writings of the same bytes.
+    fn both(&mut self, bytes: &[u8]) {
+        self.compact.extend_from_slice(bytes);
+        self.pretty.extend_from_slice(bytes);
+    }
+
+    /// A newline and `depth` levels of serde_json's two-space indent, in
+    /// the pretty writing (escaped).
+    fn newline(&mut self, depth: usize) {
+        self.pretty.extend_from_slice(b"\\n");
+        for _ in 0..depth {
+            self.pretty.extend_from_slice(b"  ");
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Option<()> {
+        self.skip_space();
+        match *self.text.get(self.at)? {
+            b'{' => self.object(depth + 1),
+            b'[' => self.array(depth + 1),
+            b'"' => {
+                let s = self.string()?;
+                self.quoted(s);
+                Some(())
+            }
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            _ => self.integer(),
+        }
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Option<()> {
+        if !self.text[self.at..].starts_with(word) {
+            return None;
+        }
+        self.at += word.len();
+        self.both(word);
+        Some(())
+    }
+
+    /// An integer that reads back as written; anything else in number
+    /// position (a fraction, an exponent, `-0`, a long one, no number) is
+    /// refused.
+    fn integer(&mut self) -> Option<()> {
+        let start = self.at;
+        if self.text.get(self.at) == Some(&b'-') {
+            self.at += 1;
+        }
+        let digits = self.at;
+        while self.text.get(self.at).is_some_and(u8::is_ascii_digit) {
+            self.at += 1;
+        }
+        let n = self.at - digits;
+        if n == 0 || n > CANONICAL_DIGITS {
+            return None;
+        }
+        // `0` alone; `-0` reads back as `0`, and `01` is not JSON.
+        if self.text[digits] == b'0' && (n > 1 || digits > start) {
+            return None;
+        }
+        if let Some(b'.' | b'e' | b'E') = self.text.get(self.at) {
+            return None;
+        }
+        let token = &self.text[start..self.at];
+        self.both(token);
+        Some(())
+    }
+
+    /// A string's contents (after its opening quote, up to its closing
+    /// one), when it has no escapes. The text is UTF-8 already; a control
+    /// character is not JSON and is refused.
+    fn string(&mut self) -> Option<&'a [u8]> {
+        self.at += 1;
+        let start = self.at;
+        loop {
+            match *self.text.get(self.at)? {
+                b'"' => break,
+                b'\\' => return None,
+                b if b < 0x20 => return None,
+                _ => self.at += 1,
+            }
+        }
+        let s = &self.text[start..self.at];
+        self.at += 1;
+        Some(s)
+    }
+
+    /// A string without escapes in both writings: as it is, compact; with
+    /// its quotes escaped, pretty.
+    fn quoted(&mut self, s: &[u8]) {
+        self.compact.push(b'"');
+        self.compact.extend_from_slice(s);
+        self.compact.push(b'"');
+        self.pretty.extend_from_slice(b"\\\"");
+        self.pretty.extend_from_slice(s);
+        self.pretty.extend_from_slice(b"\\\"");
+    }
+
+    fn object(&mut self, depth: usize) -> Option<()> {
+        if depth > CANONICAL_DEPTH {
+            return None;
+        }
+        self.at += 1;
+        self.both(b"{");
+        let first_key = self.keys.len();
+        self.skip_space();
+        if self.text.get(self.at) == Some(&b'}') {
+            self.at += 1;
+            self.both(b"}");
+            return Some(());
+        }
+        loop {
+            self.skip_space();
+            if self.text.get(self.at) != Some(&b'"') {
+                return None;
+            }
+            let key = self.string()?;
+            if self.keys.len() - first_key >= CANONICAL_KEYS || self.keys[first_key..].contains(&key) {
+                return None;
+            }
+            self.keys.push(key);
+            if self.keys.len() - first_key > 1 {
+                self.compact.push(b',');
+                self.pretty.push(b',');
+            }
+            self.newline(depth);
+            self.quoted(key);
+            self.skip_space();
+            if self.text.get(self.at) != Some(&b':') {
+                return None;
+            }
+            self.at += 1;
+            self.compact.push(b':');
+            self.pretty.extend_from_slice(b": ");
+            self.value(depth)?;
+            self.skip_space();
+            match *self.text.get(self.at)? {
+                b',' => self.at += 1,
+                b'}' => break,
+                _ => return None,
+            }
+        }
+        self.at += 1;
+        self.keys.truncate(first_key);
+        self.newline(depth - 1);
+        self.both(b"}");
+        Some(())
+    }
+
+    fn array(&mut self, depth: usize) -> Option<()> {
+        if depth > CANONICAL_DEPTH {
+            return None;
+        }
+        self.at += 1;
+        self.both(b"[");
+        self.skip_space();
+        if self.text.get(self.at) == Some(&b']') {
+            self.at += 1;
+            self.both(b"]");
+            return Some(());
+        }
+        let mut first = true;
+        loop {
+            if !first {
+                self.compact.push(b',');
+                self.pretty.push(b',');
+            }
+            first = false;
+            self.newline(depth);
+            self.value(depth)?;
+            self.skip_space();
+            match *self.text.get(self.at)? {
+                b',' => self.at += 1,
+                b']' => break,
+                _ => return None,
+            }
+        }
+        self.at += 1;
+        self.newline(depth - 1);
+        self.both(b"]");
+        Some(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -220,6 +463,130 @@ mod tests {
             format!("{}1{}", "[".repeat(200), "]".repeat(200)),
         ] {
             assert!(serde_json::to_string(&Transcoded(&refused)).is_err(), "{refused}");
+        }
+    }
+
+    /// What a `Value` round trip writes of `text`: compact, and pretty as
+    /// the inside of a JSON string.
+    fn round_trip(text: &str) -> (String, String) {
+        let value: serde_json::Value = serde_json::from_str(text).unwrap();
+        let pretty = serde_json::to_string(&serde_json::to_string_pretty(&value).unwrap()).unwrap();
+        (serde_json::to_string(&value).unwrap(), pretty[1..pretty.len() - 1].to_owned())
+    }
+
+    fn written(c: Canonical) -> (String, String) {
+        (String::from_utf8(c.compact).unwrap(), String::from_utf8(c.pretty_escaped).unwrap())
+    }
+
+    /// Canonical text is written as a round trip writes it, compact and
+    /// pretty (escaped), whitespace and all; every token a round trip
+    /// would write otherwise, and every text that is not one JSON value,
+    /// is left to the general path.
+    #[test]
+    fn canonical_text_is_written_as_a_round_trip_writes_it() {
+        let deepest = format!("{}1{}", "[".repeat(CANONICAL_DEPTH), "]".repeat(CANONICAL_DEPTH));
+        let widest: String = (0..CANONICAL_KEYS).map(|i| format!(r#""k{i}":{i}"#)).collect::<Vec<_>>().join(",");
+        for text in [
+            r#"{"status":"ok","retcode":0,"data":{"online":true,"good":true}}"#,
+            " { \"a\" : [ 1 , -2 , 0 , 123456789012345678 , -123456789012345678 ] ,\n\t\"b\":{ } , \"c\" : [ ] }\r\n",
+            "{\"s\":\"é ✓ 😀 / \u{7f}\",\"t\":\"\",\"u\":null,\"v\":false,\"w\":true}",
+            r#"[{},[],{"a":{}},[[1],[2,[3]]]]"#,
+            r#""a string""#,
+            "12",
+            "-7",
+            "0",
+            "null",
+            r#"{"a":{"a":{"a":1}},"b":[{"a":1,"b":2}]}"#,
+            &deepest,
+            &format!("{{{widest}}}"),
+        ] {
+            let c = canonical(text).unwrap_or_else(|| panic!("taken: {text}"));
+            assert_eq!(written(c), round_trip(text), "{text}");
+        }
+        let deeper = format!("{}1{}", "[".repeat(CANONICAL_DEPTH + 1), "]".repeat(CANONICAL_DEPTH + 1));
+        let wider: String = (0..=CANONICAL_KEYS).map(|i| format!(r#""k{i}":{i}"#)).collect::<Vec<_>>().join(",");
+        for refused in [
+            "1.5".to_owned(),
+            "1e3".to_owned(),
+            "1E3".to_owned(),
+            "-0".to_owned(),
+            "01".to_owned(),
+            "-".to_owned(),
+            "1234567890123456789".to_owned(),
+            r#"{"a":"\n"}"#.to_owned(),
+            r#"{"a\u0062":1}"#.to_owned(),
+            "\"tab\there\"".to_owned(),
+            r#"{"a":1,"a":2}"#.to_owned(),
+            r#"{"a":1,"b":{"a":1,"a":2}}"#.to_owned(),
+            r#"{"a":1"#.to_owned(),
+            r#"{"a":1} x"#.to_owned(),
+            r#"{"a":1,}"#.to_owned(),
+            r#"[1,]"#.to_owned(),
+            r#"{"a" 1}"#.to_owned(),
+            r#"{1:2}"#.to_owned(),
+            "tru".to_owned(),
+            "nulls".to_owned(),
+            "".to_owned(),
+            "   ".to_owned(),
+            deeper,
+            format!("{{{wider}}}"),
+        ] {
+            assert!(canonical(&refused).is_none(), "{refused}");
+        }
+    }
+
+    /// Random values, written compact, pretty and with stray whitespace:
+    /// whenever canonical text is taken, its writings are the round trip's;
+    /// and text built of canonical tokens only is always taken.
+    #[test]
+    fn canonical_writings_match_round_trips_of_random_values() {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        fn value(next: &mut impl FnMut() -> u64, depth: u32, plain: bool) -> serde_json::Value {
+            use serde_json::Value;
+            let pick = next() % if depth > 4 { 5 } else { 8 };
+            match pick {
+                0 => Value::Null,
+                1 => Value::Bool(next().is_multiple_of(2)),
+                2 => {
+                    let n = (next() % 1_000_000_000_000) as i64 - 500_000_000_000;
+                    Value::from(n >> (next() % 40))
+                }
+                3 if !plain => Value::from((next() % 10_000) as f64 / 8.0),
+                4 if !plain => Value::from(["a\"b", "x\ny", "\u{1}", "\\", "é"][(next() % 5) as usize]),
+                3 | 4 => Value::from(["", "a", "é ✓", "two words", "😀"][(next() % 5) as usize]),
+                5 => Value::Array((0..next() % 4).map(|_| value(next, depth + 1, plain)).collect()),
+                _ => Value::Object(
+                    (0..next() % 5)
+                        .map(|i| (format!("k{}", (i * 7 + next() % 3) % 9), value(next, depth + 1, plain)))
+                        .collect(),
+                ),
+            }
+        }
+        for round in 0..2000_u32 {
+            let plain = round.is_multiple_of(2);
+            let v = value(&mut next, 0, plain);
+            let compact = serde_json::to_string(&v).unwrap();
+            let spaced: String = compact
+                .chars()
+                .flat_map(|c| {
+                    let pad = if matches!(c, ',' | ':' | '[' | '{') { " \n\t" } else { "" };
+                    std::iter::once(c).chain(pad.chars())
+                })
+                .collect();
+            for text in [compact.clone(), serde_json::to_string_pretty(&v).unwrap(), spaced] {
+                // A string holding `,` or `:` would have been padded inside:
+                // the generator's strings hold neither.
+                match canonical(&text) {
+                    Some(c) => assert_eq!(written(c), round_trip(&text), "{text}"),
+                    None => assert!(!plain, "plain text refused: {text}"),
+                }
+            }
         }
     }
 

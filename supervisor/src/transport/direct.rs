@@ -242,6 +242,15 @@ impl Direct {
 /// {"result","diagnostics"},"isError","_meta":{"traceparent"}}}`. The
 /// result is parsed once.
 pub(super) fn answer_line(id: &RequestId, reply: ToolReply, trace: &CallTrace) -> Vec<u8> {
+    // A successful result whose text a round trip writes back as it is
+    // (the usual OneBot envelope) is written in one pass over it.
+    if !reply.is_error
+        && let Some(text) = &reply.result
+        && let Some(canonical) = snowluma_proto::json::canonical(&text.0)
+        && let Some(line) = canonical_answer_line(id, &canonical, &reply.diagnostics, trace)
+    {
+        return line;
+    }
     #[derive(serde::Serialize)]
     struct Response<'a> {
         jsonrpc: &'static str,
@@ -331,6 +340,32 @@ pub(super) fn answer_line(id: &RequestId, reply: ToolReply, trace: &CallTrace) -
     buf
 }
 
+/// [`answer_line`] for a successful result in canonical form
+/// ([`snowluma_proto::json::canonical`]): the same bytes, the envelope
+/// written around the two writings of the result. `None` if a part could
+/// not be written (never, into a `Vec`): the caller then takes the general
+/// path.
+fn canonical_answer_line(
+    id: &RequestId,
+    result: &snowluma_proto::json::Canonical,
+    diagnostics: &Diagnostics,
+    trace: &CallTrace,
+) -> Option<Vec<u8>> {
+    let mut buf = Vec::with_capacity(result.pretty_escaped.len() + result.compact.len() + 256);
+    buf.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    serde_json::to_writer(&mut buf, id).ok()?;
+    buf.extend_from_slice(br#","result":{"content":[{"type":"text","text":""#);
+    buf.extend_from_slice(&result.pretty_escaped);
+    buf.extend_from_slice(br#""}],"structuredContent":{"result":"#);
+    buf.extend_from_slice(&result.compact);
+    buf.extend_from_slice(br#","diagnostics":"#);
+    serde_json::to_writer(&mut buf, &DiagnosticsJson(diagnostics)).ok()?;
+    buf.extend_from_slice(br#"},"isError":false,"_meta":{"traceparent":"#);
+    serde_json::to_writer(&mut buf, trace.traceparent.as_str()).ok()?;
+    buf.extend_from_slice(b"}}}");
+    Some(buf)
+}
+
 /// JSON text as serde_json's pretty printer writes the value it parses to,
 /// written as it is read ([`Transcoded`]); `None` when that cannot be done.
 fn pretty_transcoded(text: &str) -> Option<String> {
@@ -401,6 +436,38 @@ mod tests {
                 let ours = String::from_utf8(answer_line(id, reply.clone(), &trace)).unwrap();
                 let theirs = String::from_utf8(rmcps(id, reply.clone(), &trace)).unwrap();
                 assert_eq!(ours, theirs, "reply {n}, id {id:?}");
+            }
+        }
+    }
+
+    /// A successful result in canonical form takes the one-pass writing
+    /// ([`canonical_answer_line`]), and its answer is still rmcp's, byte for
+    /// byte: envelopes flat and nested, other top-level values, whitespace
+    /// to drop, every diagnostic a success can carry.
+    #[test]
+    fn canonical_results_are_answered_as_rmcp_answers_them() {
+        let trace = crate::replies::samples::trace();
+        let ids = [RequestId::Number(7), RequestId::String("a \"quoted\" é id".into())];
+        for text in [
+            r#"{"status":"ok","retcode":0,"data":{"online":true,"good":true}}"#,
+            r#"{"status":"ok","retcode":0,"data":[{"user_id":10001,"nickname":"é ✓ 😀"},{"user_id":-2}],"wording":""}"#,
+            " { \"status\" : \"ok\" ,\n \"data\" : [ ] , \"x\": { } } ",
+            "[1,2,3]",
+            "null",
+        ] {
+            assert!(snowluma_proto::json::canonical(text).is_some(), "{text}");
+            let mut reply = ToolReply {
+                result: Some(snowluma_proto::JsonText(text.to_owned())),
+                ..ToolReply::ok(&serde_json::Value::Null)
+            };
+            for replayed in [false, true] {
+                reply.diagnostics.replayed = replayed;
+                reply.diagnostics.retry_after_ms = replayed.then_some(1500);
+                for id in &ids {
+                    let ours = String::from_utf8(answer_line(id, reply.clone(), &trace)).unwrap();
+                    let theirs = String::from_utf8(rmcps(id, reply.clone(), &trace)).unwrap();
+                    assert_eq!(ours, theirs, "{text}, id {id:?}");
+                }
             }
         }
     }
