@@ -198,14 +198,14 @@ impl Held {
 
 /// A tool call has finished: its log lines, never arguments, contents,
 /// tokens or paths. Its trace diagnostic, if any, at once; its closing line
-/// held for its answer, or written at once when `ct` was cancelled (it gets
+/// held for its answer, or written at once when it was `cancelled` (it gets
 /// no answer). Both with the target they always had.
 pub(crate) fn finished(
     spec: crate::tools::ToolSpec,
     trace: &crate::trace::CallTrace,
     reply: &snowluma_proto::ToolReply,
     started: std::time::Instant,
-    ct: &tokio_util::sync::CancellationToken,
+    cancelled: bool,
 ) {
     if let Some(d) = trace.diagnostic() {
         tracing::info!(target: "snowluma_mcp::server", tool = spec.name, traceparent = %trace.traceparent, "{d}");
@@ -217,7 +217,7 @@ pub(crate) fn finished(
         failure: reply.diagnostics.kind.map(|k| k.as_str()).unwrap_or("none"),
         duration_ms: started.elapsed().as_secs_f64() * 1000.0,
     };
-    if ct.is_cancelled() {
+    if cancelled {
         write_now(line);
     } else {
         hold(line);

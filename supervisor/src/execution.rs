@@ -397,11 +397,23 @@ impl Begun {
                 return Box::pin(state.run(spec, *admission, trace, cancel, ProgressSink::None)).await;
             }
         };
-        let reply = tool_reply("the network executor", result, !action.read_only);
-        // Message ids an in-scope send or history read names are in scope.
-        state.scope.learn_from_result(action, &reply);
-        reply
+        sent_reply(state, action, result)
     }
+}
+
+/// The reply of a call of `action` whose request went to the network
+/// executor alone ([`Begun::Sent`], [`Begun::Waiting`]), from the worker's
+/// answer: [`Begun::finish`]'s, and a direct call's that is handed its
+/// worker's answer where it is read ([`crate::workers::Sent::then`]).
+pub(crate) fn sent_reply(
+    state: &ServerState,
+    action: &Action,
+    result: Result<snowluma_proto::Reply, crate::workers::CallError>,
+) -> ToolReply {
+    let reply = tool_reply("the network executor", result, !action.read_only);
+    // Message ids an in-scope send or history read names are in scope.
+    state.scope.learn_from_result(action, &reply);
+    reply
 }
 
 /// The intent record, before anything is sent: a failed write refuses the

@@ -207,7 +207,7 @@ impl ServerHandler for SnowlumaServer {
                 crate::preview::tool_call(&self.state, &args, crate::completion_flow::can_answer_form(&ctx))
             }
         };
-        crate::calllog::finished(spec, &trace, &reply, started, &ctx.ct);
+        crate::calllog::finished(spec, &trace, &reply, started, ctx.ct.is_cancelled());
         Ok(render(reply, &trace).into())
     }
 

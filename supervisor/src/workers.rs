@@ -46,8 +46,30 @@ pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A worker that lived this long resets the backoff.
 pub(crate) const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 
+/// Where a request's reply goes.
+enum Completion {
+    /// To the call awaiting it ([`Sent::reply`]).
+    Awaited(oneshot::Sender<Result<Reply, CallError>>),
+    /// Into a function, run where the reply is read ([`Sent::then`]).
+    Then(Then),
+}
+
+/// A function a reply is handed to ([`Sent::then`]).
+type Then = Box<dyn FnOnce(Result<Reply, CallError>) + Send>;
+
+impl Completion {
+    fn complete(self, result: Result<Reply, CallError>) {
+        match self {
+            Completion::Awaited(tx) => {
+                let _ = tx.send(result);
+            }
+            Completion::Then(then) => then(result),
+        }
+    }
+}
+
 struct Pending {
-    reply: oneshot::Sender<Result<Reply, CallError>>,
+    reply: Completion,
     progress: Option<mpsc::UnboundedSender<Progress>>,
     /// Where an event connection's reports go ([`WorkerSlot::call_with_events`]).
     events: Option<mpsc::UnboundedSender<EventMsg>>,
@@ -253,7 +275,7 @@ impl WorkerSlot {
         let (tx, rx) = oneshot::channel();
         let alone = {
             let mut p = conn.pending.lock().map_err(|_| CallError::Unavailable(name))?;
-            p.insert(id, Pending { reply: tx, progress, events });
+            p.insert(id, Pending { reply: Completion::Awaited(tx), progress, events });
             p.len() == 1
         };
         tracing::debug!(worker = name, id, "request dispatched");
@@ -267,6 +289,29 @@ impl WorkerSlot {
             return Err(CallError::WorkerDied(name));
         }
         Ok(Sent { conn, id, rx, name })
+    }
+}
+
+/// A request whose reply goes to a function ([`Sent::then`]), while it is
+/// in flight.
+#[derive(Clone)]
+pub struct Waiting {
+    conn: Arc<Conn>,
+    id: u64,
+}
+
+impl Waiting {
+    /// Cancel the request, as [`Sent::reply`] does when its token fires:
+    /// the worker is told, and the function gets [`CallError::Cancelled`]
+    /// (here, now). False when the reply came first (the function has had
+    /// it).
+    pub fn cancel(&self) -> bool {
+        let Some(p) = self.conn.pending.lock().ok().and_then(|mut p| p.remove(&self.id)) else { return false };
+        if let Ok(frame) = snowluma_proto::frame::encode(&ToWorker::Cancel { id: self.id }) {
+            let _ = self.conn.outbox.send_now(frame);
+        }
+        p.reply.complete(Err(CallError::Cancelled));
+        true
     }
 }
 
@@ -303,6 +348,29 @@ impl Sent {
                 Err(CallError::Cancelled)
             }
         }
+    }
+}
+
+impl Sent {
+    /// Hand the reply to `then` instead of awaiting it: `then` runs where
+    /// the worker's messages are read, in the turn that reads the reply
+    /// (or with the worker's death), so no task waits for it. When the
+    /// reply is here already, `then` runs now. [`Waiting::cancel`] cancels
+    /// the request.
+    pub fn then(self, then: impl FnOnce(Result<Reply, CallError>) + Send + 'static) -> Waiting {
+        let Sent { conn, id, mut rx, name } = self;
+        let mut then: Option<Then> = Some(Box::new(then));
+        if let Ok(mut p) = conn.pending.lock()
+            && let Some(entry) = p.get_mut(&id)
+            && let Some(f) = then.take()
+        {
+            // The channel's sender is dropped here; nothing awaits it.
+            entry.reply = Completion::Then(f);
+        }
+        if let Some(then) = then {
+            then(rx.try_recv().unwrap_or(Err(CallError::WorkerDied(name))));
+        }
+        Waiting { conn, id }
     }
 }
 
@@ -551,7 +619,7 @@ async fn read_loop(name: &'static str, conn: &Conn, rd: &mut IpcReader) {
             Ok(FromWorker::Reply { id, reply }) => {
                 let p = conn.pending.lock().ok().and_then(|mut p| p.remove(&id));
                 if let Some(p) = p {
-                    let _ = p.reply.send(Ok(reply));
+                    p.reply.complete(Ok(reply));
                 }
             }
             Ok(FromWorker::Progress { id, progress }) => {
@@ -593,7 +661,7 @@ fn fail_in_flight(name: &'static str, conn: &Conn) {
         );
     }
     for p in drained {
-        let _ = p.reply.send(Err(CallError::WorkerDied(name)));
+        p.reply.complete(Err(CallError::WorkerDied(name)));
     }
 }
 

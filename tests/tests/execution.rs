@@ -193,10 +193,15 @@ fn timeouts_make_write_outcomes_unknown() {
     assert_eq!(diag(&r)["outcome"], "failed");
 }
 
+/// A legacy session's `query_action` (answered from the transport, its
+/// reply handed over where it is read): a cancel mid-exchange closes the
+/// connection to SnowLuma, the call gets no answer and its log line says
+/// it was cancelled; the next call is answered and logged as usual.
 #[test]
 fn cancellation_aborts_the_http_exchange() {
     let fake = Fake::start(Some("t0k"));
     let mut s = session(&fake, "write", &[]);
+    s.read_stderr();
     fake.fake.set_fault("get_status", Fault::Hang);
     let id = json!(s.next_id());
     s.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "query_action", "arguments": {"action": "get_status"}}}));
@@ -212,6 +217,11 @@ fn cancellation_aborts_the_http_exchange() {
     let r = s.call("query_action", json!({"action": "get_status"}));
     assert!(!is_error(&r));
     assert!(s.backlog.iter().all(|m| m.get("id") != Some(&id)), "a cancelled request gets no response");
+    s.wait_stderr(r#"tool call tool="query_action""#);
+    s.wait_stderr(r#"outcome="success" failure="none""#);
+    let log = s.stderr_text();
+    let cancelled = log.lines().filter(|l| l.contains(r#"failure="cancelled""#)).count();
+    assert_eq!(cancelled, 1, "the cancelled call is logged once, as cancelled:\n{log}");
 }
 
 #[test]

@@ -12,6 +12,11 @@
 //! turn that read the line), and its answer is written as rmcp writes a legacy
 //! session's `tools/call` response, byte for byte ([`answer_line`], tested
 //! against rmcp's own rendering), by the same writer as rmcp's answers.
+//! A call whose request went to the network executor alone (the usual
+//! `query_action`) has no task: its reply is handed to its end where the
+//! executor's messages are read (`Sent::then`), which writes the answer
+//! then; any other call (a refusal, audit, a key, a transfer, an executor
+//! starting) is finished by a task of its own (`Begun::finish`).
 //! Only a call rmcp would answer in exactly that way is taken; anything
 //! else (including any line this reading refuses) goes on to rmcp:
 //! - the session began with `initialize`, whose answer negotiated a
@@ -25,9 +30,10 @@
 //!   its arguments are an object.
 //!
 //! Cancellation works as under rmcp: a `notifications/cancelled` for a
-//! direct call cancels its token, and a call that ends cancelled gets no
-//! answer, its log line written at once (rmcp drops a cancelled request's
-//! response).
+//! direct call cancels its token, or its request (`Waiting::cancel`: the
+//! executor is told, as `Sent::reply` tells it), and a call that ends
+//! cancelled gets no answer, its log line written at once (rmcp drops a
+//! cancelled request's response).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,14 +53,27 @@ use crate::gates::{Args, exec_arguments};
 use crate::state::ServerState;
 use crate::tools::{self, Handler, ToolSpec};
 use crate::trace::CallTrace;
+use crate::workers::{CallError, Waiting};
 
 /// The server's state, for the calls taken here, and their tokens.
 pub(crate) struct Direct {
     state: Arc<ServerState>,
     /// Calls in flight, by request id (as JSON text), each with its number
     /// (a reused id replaces the entry, as in rmcp's own table).
-    calls: Mutex<HashMap<String, (u64, CancellationToken)>>,
+    calls: Mutex<HashMap<String, (u64, Running)>>,
     next: AtomicU64,
+}
+
+/// How a call in flight is cancelled.
+enum Running {
+    /// Run by a task of its own: its token.
+    Task(CancellationToken),
+    /// Its request is with the network executor, its reply handed to its
+    /// end where it is read ([`crate::workers::Sent::then`]).
+    Sent(Waiting),
+    /// Being started (within the turn that read it; never seen by a
+    /// cancellation, which is read in a later turn).
+    Starting,
 }
 
 /// What a call taken here needs from the transport to be answered
@@ -154,12 +173,23 @@ impl Direct {
         Arc::new(Direct { state, calls: Mutex::new(HashMap::new()), next: AtomicU64::new(0) })
     }
 
-    /// The client cancelled the request `key`: a direct call's token.
+    /// The client cancelled the request `key`: a direct call's token, or
+    /// its request, whose reply goes to no one then ([`Waiting::cancel`]).
     pub(super) fn cancel(&self, key: &str) {
-        if let Ok(calls) = self.calls.lock()
-            && let Some((_, ct)) = calls.get(key)
-        {
-            ct.cancel();
+        let sent = match self.calls.lock() {
+            Ok(calls) => match calls.get(key) {
+                Some((_, Running::Task(ct))) => {
+                    ct.cancel();
+                    None
+                }
+                Some((_, Running::Sent(waiting))) => Some(waiting.clone()),
+                Some((_, Running::Starting)) | None => None,
+            },
+            Err(_) => None,
+        };
+        // Out of the lock: the call's end takes it.
+        if let Some(waiting) = sent {
+            waiting.cancel();
         }
     }
 
@@ -196,17 +226,55 @@ impl Direct {
             Err(_) => return None,
         }
         let call = Call { spec, trace: CallTrace::from_meta(&meta), key, id, started: Instant::now() };
-        let ct = CancellationToken::new();
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut calls) = self.calls.lock() {
-            calls.insert(call.key.clone(), (n, ct.clone()));
-        }
         tracing::debug!(tool = spec.name, "tool call answered directly");
         // The gates and the request to the network executor now, in this
-        // turn; the wait for the reply and the answer as a task.
+        // turn.
         let begun = self.state.begin(spec, args, &call.trace);
-        tokio::spawn(self.clone().run(call, begun, ct, n, answer.out.clone(), answer.session.clone()));
+        let (out, session) = (answer.out.clone(), answer.session.clone());
+        match begun {
+            // Its reply is handed to the call's end where it is read: no
+            // task waits for it.
+            Begun::Sent { sent, action } => {
+                let key = call.key.clone();
+                // In the table before the reply can come (were it here
+                // already, `then` runs the end now, which takes it out).
+                self.enter(&key, n, Running::Starting);
+                let this = self.clone();
+                let waiting = sent.then(move |result| {
+                    let cancelled = matches!(result, Err(CallError::Cancelled));
+                    let reply = crate::execution::sent_reply(&this.state, action, result);
+                    if let Some((key, line)) = this.ended(call, n, reply, cancelled) {
+                        // Written now when stdout is free (the usual case).
+                        snowluma_proto::eager::spawn_eager(async move {
+                            super::deliver_answer(&out, &session, &key, line).await;
+                        });
+                    }
+                });
+                if let Ok(mut calls) = self.calls.lock()
+                    && let Some(entry) = calls.get_mut(&key)
+                    && entry.0 == n
+                {
+                    entry.1 = Running::Sent(waiting);
+                }
+            }
+            // Anything else (a refusal, audit, a key, a transfer, a worker
+            // starting) runs as a task.
+            begun => {
+                let ct = CancellationToken::new();
+                self.enter(&call.key, n, Running::Task(ct.clone()));
+                tokio::spawn(self.clone().run(call, begun, ct, n, out, session));
+            }
+        }
         None
+    }
+
+    /// Enter the call `n` in the table under `key` (a reused id replaces
+    /// the entry, as in rmcp's own table).
+    fn enter(&self, key: &str, n: u64, running: Running) {
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.insert(key.to_owned(), (n, running));
+        }
     }
 
     /// Run a call taken and write its answer (none once it was cancelled).
@@ -219,19 +287,27 @@ impl Direct {
         out: Arc<super::Out>,
         session: Arc<Mutex<super::State>>,
     ) {
+        let reply = begun.finish(&self.state, call.spec, &call.trace, &ct).await;
+        if let Some((key, line)) = self.ended(call, n, reply, ct.is_cancelled()) {
+            super::deliver_answer(&out, &session, &key, line).await;
+        }
+    }
+
+    /// The end of the call `n`: out of the table, its log line, and its
+    /// answer line with its key (none once it was cancelled).
+    fn ended(&self, call: Call, n: u64, reply: ToolReply, cancelled: bool) -> Option<(String, Vec<u8>)> {
         let Call { spec, trace, id, key, started } = call;
-        let reply = begun.finish(&self.state, spec, &trace, &ct).await;
         if let Ok(mut calls) = self.calls.lock()
             && calls.get(&key).is_some_and(|(m, _)| *m == n)
         {
             calls.remove(&key);
         }
-        crate::calllog::finished(spec, &trace, &reply, started, &ct);
-        if ct.is_cancelled() {
-            return;
+        crate::calllog::finished(spec, &trace, &reply, started, cancelled);
+        if cancelled {
+            return None;
         }
         let line = answer_line(&id, reply, &trace);
-        super::deliver_answer(&out, &session, &key, line).await;
+        Some((key, line))
     }
 }
 
