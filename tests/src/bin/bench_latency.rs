@@ -17,7 +17,8 @@
 //! pipe that is read (`/dev/null` otherwise); `BENCH_GAP_US=G` sleeps `G` µs
 //! before each timed call of every path, so that each starts on a quiet
 //! machine after an idle spell, as an agent's calls do (back to back
-//! otherwise). The floors' stages are named `relay-a`/`relay-b`,
+//! otherwise); `BENCH_DECILES=1` prints each path's deciles too (the
+//! spread behind the medians). The floors' stages are named `relay-a`/`relay-b`,
 //! `reactor-a`/`reactor-b` and `work-a`/`work-b`, each one's CPU shown apart.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -539,6 +540,17 @@ fn main() {
         );
     }
     println!("| through snowluma-mcp | {} | {} | {:.0} |", us(pct(&mcp, 0.5)), us(pct(&mcp, 0.99)), mcp_tput);
+    if std::env::var_os("BENCH_DECILES").is_some() {
+        for (name, v) in
+            [("direct", &direct), ("relay", &floor), ("reactor", &reactor_floor), ("work", &work_floor), ("ours", &mcp)]
+        {
+            if v.is_empty() {
+                continue;
+            }
+            let d: Vec<String> = (1..10).map(|i| us(pct(v, i as f64 / 10.0))).collect();
+            println!("deciles {name}: {}", d.join(" "));
+        }
+    }
     println!();
     println!("added at p50: {} µs", us(pct(&mcp, 0.5).saturating_sub(pct(&direct, 0.5))));
     println!("relay floor at p50: {} µs over direct", us(pct(&floor, 0.5).saturating_sub(pct(&direct, 0.5))));
