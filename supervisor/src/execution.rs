@@ -84,7 +84,9 @@ impl ServerState {
     /// request (no audit log, idempotency key or transfer), the pacing
     /// charged and the request sent to the network executor: the steps of
     /// [`Self::run`] for such a call, without its awaits. What is left is
-    /// awaited with [`Begun::finish`].
+    /// awaited with [`Begun::finish`], or, for [`Begun::Sent`], handed to a
+    /// function with `Sent::then` and [`sent_reply`] (the transport's
+    /// direct calls).
     pub(crate) fn begin(&self, spec: ToolSpec, args: gates::ExecArgs, trace: &CallTrace) -> Begun {
         let admission = match gates::admit_args(&self.gate_context(), spec, gates::Entry::Call, args) {
             Ok(a) => a,
