@@ -328,18 +328,10 @@ impl<'a> CanonicalWriter<'a> {
     }
 
     fn object(&mut self, depth: usize) -> Option<()> {
-        if depth > CANONICAL_DEPTH {
-            return None;
-        }
-        self.at += 1;
-        self.both(b"{");
-        let first_key = self.keys.len();
-        self.skip_space();
-        if self.text.get(self.at) == Some(&b'}') {
-            self.at += 1;
-            self.both(b"}");
+        if self.open(depth, b'{', b'}')? {
             return Some(());
         }
+        let first_key = self.keys.len();
         loop {
             self.skip_space();
             if self.text.get(self.at) != Some(&b'"') {
@@ -349,12 +341,8 @@ impl<'a> CanonicalWriter<'a> {
             if self.keys.len() - first_key >= CANONICAL_KEYS || self.keys[first_key..].contains(&key) {
                 return None;
             }
+            self.item(self.keys.len() == first_key, depth);
             self.keys.push(key);
-            if self.keys.len() - first_key > 1 {
-                self.compact.push(b',');
-                self.pretty.push(b',');
-            }
-            self.newline(depth);
             self.quoted(key);
             self.skip_space();
             if self.text.get(self.at) != Some(&b':') {
@@ -364,52 +352,78 @@ impl<'a> CanonicalWriter<'a> {
             self.compact.push(b':');
             self.pretty.extend_from_slice(b": ");
             self.value(depth)?;
-            self.skip_space();
-            match *self.text.get(self.at)? {
-                b',' => self.at += 1,
-                b'}' => break,
-                _ => return None,
+            if self.next(b'}')? {
+                break;
             }
         }
-        self.at += 1;
         self.keys.truncate(first_key);
-        self.newline(depth - 1);
-        self.both(b"}");
+        self.close(depth, b'}');
         Some(())
     }
 
     fn array(&mut self, depth: usize) -> Option<()> {
-        if depth > CANONICAL_DEPTH {
-            return None;
-        }
-        self.at += 1;
-        self.both(b"[");
-        self.skip_space();
-        if self.text.get(self.at) == Some(&b']') {
-            self.at += 1;
-            self.both(b"]");
+        if self.open(depth, b'[', b']')? {
             return Some(());
         }
         let mut first = true;
         loop {
-            if !first {
-                self.compact.push(b',');
-                self.pretty.push(b',');
-            }
+            self.item(first, depth);
             first = false;
-            self.newline(depth);
             self.value(depth)?;
-            self.skip_space();
-            match *self.text.get(self.at)? {
-                b',' => self.at += 1,
-                b']' => break,
-                _ => return None,
+            if self.next(b']')? {
+                break;
             }
         }
-        self.at += 1;
-        self.newline(depth - 1);
-        self.both(b"]");
+        self.close(depth, b']');
         Some(())
+    }
+
+    /// Open an object or array at `depth` (its bracket is next): true when
+    /// it is empty, and so already closed (`{}`, `[]`, as serde_json writes
+    /// an empty one).
+    fn open(&mut self, depth: usize, open: u8, close: u8) -> Option<bool> {
+        if depth > CANONICAL_DEPTH {
+            return None;
+        }
+        self.at += 1;
+        self.both(&[open]);
+        self.skip_space();
+        if self.text.get(self.at) != Some(&close) {
+            return Some(false);
+        }
+        self.at += 1;
+        self.both(&[close]);
+        Some(true)
+    }
+
+    /// Before a member or element: the comma after the one before (none
+    /// for the first), then its own line.
+    fn item(&mut self, first: bool, depth: usize) {
+        if !first {
+            self.compact.push(b',');
+            self.pretty.push(b',');
+        }
+        self.newline(depth);
+    }
+
+    /// After a member or element: true at the end of its object or array
+    /// (`close`, read), false after a comma.
+    fn next(&mut self, close: u8) -> Option<bool> {
+        self.skip_space();
+        let b = *self.text.get(self.at)?;
+        self.at += 1;
+        match b {
+            b',' => Some(false),
+            b if b == close => Some(true),
+            _ => None,
+        }
+    }
+
+    /// The end of an object or array that had members: on a line of its
+    /// own, at its opening's indent.
+    fn close(&mut self, depth: usize, close: u8) {
+        self.newline(depth - 1);
+        self.both(&[close]);
     }
 }
 

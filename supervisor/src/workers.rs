@@ -354,10 +354,10 @@ impl Sent {
 impl Sent {
     /// Hand the reply to `then` instead of awaiting it: `then` runs where
     /// the worker's messages are read, in the turn that reads the reply
-    /// (or with the worker's death), so no task waits for it. When the
-    /// reply is here already, `then` runs now. [`Waiting::cancel`] cancels
-    /// the request.
-    pub fn then(self, then: impl FnOnce(Result<Reply, CallError>) + Send + 'static) -> Waiting {
+    /// (or with the worker's death), so no task waits for it; the request
+    /// is then [`Waiting`] ([`Waiting::cancel`] cancels it). `None` when the
+    /// reply was here already and `then` has run now.
+    pub fn then(self, then: impl FnOnce(Result<Reply, CallError>) + Send + 'static) -> Option<Waiting> {
         let Sent { conn, id, mut rx, name } = self;
         let mut then: Option<Then> = Some(Box::new(then));
         if let Ok(mut p) = conn.pending.lock()
@@ -367,10 +367,13 @@ impl Sent {
             // The channel's sender is dropped here; nothing awaits it.
             entry.reply = Completion::Then(f);
         }
-        if let Some(then) = then {
-            then(rx.try_recv().unwrap_or(Err(CallError::WorkerDied(name))));
+        match then {
+            None => Some(Waiting { conn, id }),
+            Some(then) => {
+                then(rx.try_recv().unwrap_or(Err(CallError::WorkerDied(name))));
+                None
+            }
         }
-        Waiting { conn, id }
     }
 }
 

@@ -71,9 +71,6 @@ enum Running {
     /// Its request is with the network executor, its reply handed to its
     /// end where it is read ([`crate::workers::Sent::then`]).
     Sent(Waiting),
-    /// Being started (within the turn that read it; never seen by a
-    /// cancellation, which is read in a later turn).
-    Starting,
 }
 
 /// What a call taken here needs from the transport to be answered
@@ -183,7 +180,7 @@ impl Direct {
                     None
                 }
                 Some((_, Running::Sent(waiting))) => Some(waiting.clone()),
-                Some((_, Running::Starting)) | None => None,
+                None => None,
             },
             Err(_) => None,
         };
@@ -237,9 +234,6 @@ impl Direct {
             // task waits for it.
             Begun::Sent { sent, action } => {
                 let key = call.key.clone();
-                // In the table before the reply can come (were it here
-                // already, `then` runs the end now, which takes it out).
-                self.enter(&key, n, Running::Starting);
                 let this = self.clone();
                 let waiting = sent.then(move |result| {
                     let cancelled = matches!(result, Err(CallError::Cancelled));
@@ -251,11 +245,10 @@ impl Direct {
                         });
                     }
                 });
-                if let Ok(mut calls) = self.calls.lock()
-                    && let Some(entry) = calls.get_mut(&key)
-                    && entry.0 == n
-                {
-                    entry.1 = Running::Sent(waiting);
+                // In the table before the reply can come: it is read in a
+                // later turn (unless it had come already and the call ended).
+                if let Some(waiting) = waiting {
+                    self.enter(&key, n, Running::Sent(waiting));
                 }
             }
             // Anything else (a refusal, audit, a key, a transfer, a worker
@@ -498,6 +491,15 @@ mod tests {
         super::super::writer::encode(&item, false, &json!({"name": "x"})).unwrap()
     }
 
+    /// `reply`'s answer line is rmcp's, byte for byte, for each of `ids`.
+    fn assert_answered_as_rmcp(ids: &[RequestId], reply: &ToolReply, trace: &CallTrace, what: &str) {
+        for id in ids {
+            let ours = String::from_utf8(answer_line(id, reply.clone(), trace)).unwrap();
+            let theirs = String::from_utf8(rmcps(id, reply.clone(), trace)).unwrap();
+            assert_eq!(ours, theirs, "{what}, id {id:?}");
+        }
+    }
+
     /// A direct call's answer is rmcp's, byte for byte: results nested,
     /// escaped, empty, large, unparsable and absent; business failures;
     /// errors with and without a message; every diagnostic field; numeric
@@ -508,11 +510,7 @@ mod tests {
         let replies = crate::replies::samples::replies();
         let ids = [RequestId::Number(7), RequestId::Number(-1), RequestId::String("a \"quoted\" é id".into())];
         for (n, reply) in replies.into_iter().enumerate() {
-            for id in &ids {
-                let ours = String::from_utf8(answer_line(id, reply.clone(), &trace)).unwrap();
-                let theirs = String::from_utf8(rmcps(id, reply.clone(), &trace)).unwrap();
-                assert_eq!(ours, theirs, "reply {n}, id {id:?}");
-            }
+            assert_answered_as_rmcp(&ids, &reply, &trace, &format!("reply {n}"));
         }
     }
 
@@ -539,11 +537,7 @@ mod tests {
             for replayed in [false, true] {
                 reply.diagnostics.replayed = replayed;
                 reply.diagnostics.retry_after_ms = replayed.then_some(1500);
-                for id in &ids {
-                    let ours = String::from_utf8(answer_line(id, reply.clone(), &trace)).unwrap();
-                    let theirs = String::from_utf8(rmcps(id, reply.clone(), &trace)).unwrap();
-                    assert_eq!(ours, theirs, "{text}, id {id:?}");
-                }
+                assert_answered_as_rmcp(&ids, &reply, &trace, text);
             }
         }
     }
