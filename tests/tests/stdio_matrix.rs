@@ -234,8 +234,10 @@ fn stdout_and_stderr_on_one_pipe() {
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         // Only the startup line naming the writer: log lines written while a
-        // reply is being written could land inside it (the host chose `2>&1`).
-        .env("SNOWLUMA_MCP_LOG", "warn,snowluma_mcp::transport=debug")
+        // reply is being written could land inside it (the host chose `2>&1`),
+        // as the session's "stdin ended; finishing the calls in flight" did
+        // when stdin's end was read while the catalog's reply was written.
+        .env("SNOWLUMA_MCP_LOG", "warn,snowluma_mcp::transport=debug,snowluma_mcp::transport::session=warn")
         .stdin(Stdio::from(in_r))
         .stdout(Stdio::from(w.try_clone().unwrap()))
         .stderr(Stdio::from(w))
