@@ -5,23 +5,36 @@ use rmcp::model::{CallToolRequestParams, ProtocolVersion};
 use rmcp::{ClientLifecycleMode, ClientServiceExt};
 use serde_json::json;
 use snowluma_e2e::{SAFETY, bin_path};
+use tokio::net::unix::pipe;
 
-fn command() -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(bin_path());
+fn command() -> std::process::Command {
+    let mut c = std::process::Command::new(bin_path());
     c.env_clear().env("SNOWLUMA_MCP_LOG", "warn");
     c
 }
 
+/// The server spawned by `command` with piped stdio, killed when dropped.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawn `c` with piped stdio; its pipes as rmcp's (AsyncRead, AsyncWrite)
+/// transport (rmcp's child-process transport would need another nix, and
+/// tokio's `process` feature, which the server does without).
+fn spawn(mut c: std::process::Command) -> (Server, (pipe::Receiver, pipe::Sender)) {
+    let mut child = c.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let stdout = pipe::Receiver::from_owned_fd(child.stdout.take().unwrap().into()).unwrap();
+    let stdin = pipe::Sender::from_owned_fd(child.stdin.take().unwrap().into()).unwrap();
+    (Server(child), (stdout, stdin))
+}
+
 async fn session(mode: ClientLifecycleMode) {
-    // Spawned here, its pipes handed to rmcp as an (AsyncRead, AsyncWrite)
-    // transport (rmcp's child-process transport would need another nix).
-    let mut child = command()
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let (_server, transport) = spawn(command());
     let client = ().serve_with_lifecycle(transport, mode).await.unwrap();
     let tools = client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
@@ -59,19 +72,14 @@ async fn modern_session_through_rmcp_client() {
 /// rmcp's client reads as such (`out_of_scope`; `rate_limited` with
 /// `retry_after_ms`), and only the first in-scope send is made.
 async fn safety_session(url: &str, mode: ClientLifecycleMode) {
-    let mut child = command()
-        .env("SNOWLUMA_MCP_ENDPOINT", url)
+    let mut c = command();
+    c.env("SNOWLUMA_MCP_ENDPOINT", url)
         .env("SNOWLUMA_MCP_TOKEN", "t")
         .env("SNOWLUMA_MCP_MODE", "write")
         .env("SNOWLUMA_MCP_ALLOW_GROUPS", "20001")
         .env("SNOWLUMA_MCP_SEND_INTERVAL_MS", "86400000")
-        .env("SNOWLUMA_MCP_SEND_BURST", "0")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+        .env("SNOWLUMA_MCP_SEND_BURST", "0");
+    let (_server, transport) = spawn(c);
     let client = ().serve_with_lifecycle(transport, mode).await.unwrap();
     let send = |g: u64| {
         let args = json!({"action": "send_group_msg", "params": {"group_id": g, "message": "hi"}});
