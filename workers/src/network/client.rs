@@ -146,13 +146,21 @@ pub(super) async fn call(net: &Net, req: &ExecRequest, ctx: &Ctx) -> ToolReply {
     if !is_json_object(&req.params.0) {
         return ToolReply::fail(FailureKind::InvalidArguments, "params must be a JSON object");
     }
-    // Nothing has been sent while waiting for a turn: a cancel here is clean.
-    let _turn = tokio::select! {
-        p = net.calls.acquire() => match p {
-            Ok(p) => p,
-            Err(_) => return ToolReply::fail(FailureKind::Execution, "the executor is shutting down"),
+    // A free turn is taken at once (the usual case: no wait, so nothing to
+    // cancel). Permits a call releases go to the calls waiting first, so
+    // taking a free one never passes a waiting call.
+    let shutting_down = || ToolReply::fail(FailureKind::Execution, "the executor is shutting down");
+    let _turn = match net.calls.try_acquire() {
+        Ok(p) => p,
+        Err(tokio::sync::TryAcquireError::Closed) => return shutting_down(),
+        // Nothing has been sent while waiting for a turn: a cancel here is clean.
+        Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
+            p = net.calls.acquire() => match p {
+                Ok(p) => p,
+                Err(_) => return shutting_down(),
+            },
+            _ = ctx.cancel.cancelled() => return cancelled(false),
         },
-        _ = ctx.cancel.cancelled() => return cancelled(false),
     };
     // One timeout covers the whole exchange, as Node's `AbortSignal.timeout`
     // does; it is worded by whether the response head had arrived.
