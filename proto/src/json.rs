@@ -1,5 +1,6 @@
 //! Helpers for reading JSON text without building it as a `Value`.
 
+use serde_json::Value;
 use serde_json::value::RawValue;
 
 /// A `deserialize_with` for an optional member whose presence counts even
@@ -427,10 +428,262 @@ impl<'a> CanonicalWriter<'a> {
     }
 }
 
+/// The top-level members `names` of the JSON text `text`, judged as
+/// `serde_json::from_str::<Value>` judges the text (the same parser, and
+/// every value read through the calls a `Value` is read with, so the same
+/// errors and limits: numbers past `f64`, nesting past serde_json's 128
+/// levels, bad strings and escapes, trailing text), without building the
+/// rest: each named member as a `Value` (the last one when a name repeats,
+/// as a parsed object keeps it), every other value read and dropped.
+/// `Ok(None)`: the text is JSON but not an object.
+pub fn members<const N: usize>(text: &str, names: [&str; N]) -> serde_json::Result<Option<[Option<Value>; N]>> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let picked = serde::de::DeserializeSeed::deserialize(members::Top(&names), &mut de)?;
+    de.end()?;
+    Ok(picked)
+}
+
+/// [`members`]'s plumbing.
+mod members {
+    use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
+    use serde_json::Value;
+
+    /// The text's one value, whose members named in `.0` are kept.
+    pub(super) struct Top<'n, const N: usize>(pub(super) &'n [&'n str; N]);
+
+    impl<'de, const N: usize> DeserializeSeed<'de> for Top<'_, N> {
+        type Value = Option<[Option<Value>; N]>;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de, const N: usize> Visitor<'de> for Top<'_, N> {
+        type Value = Option<[Option<Value>; N]>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            Dropped.visit_seq(seq).map(|_| None)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = [const { None }; N];
+            while let Some(at) = map.next_key_seed(Name(self.0))? {
+                match at {
+                    Some(i) => out[i] = Some(map.next_value::<Value>()?),
+                    None => {
+                        map.next_value::<Dropped>()?;
+                    }
+                }
+            }
+            Ok(Some(out))
+        }
+    }
+
+    /// A member's name: its place among the names kept, if it is one.
+    struct Name<'n, const N: usize>(&'n [&'n str; N]);
+
+    impl<'de, const N: usize> DeserializeSeed<'de> for Name<'_, N> {
+        type Value = Option<usize>;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            // A name is read as `Value` reads one (as a string).
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<const N: usize> Visitor<'_> for Name<'_, N> {
+        type Value = Option<usize>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a member's name")
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(self.0.iter().position(|n| *n == v))
+        }
+    }
+
+    /// Any value, read as `Value` reads it, and dropped.
+    pub(super) struct Dropped;
+
+    impl<'de> serde::Deserialize<'de> for Dropped {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(Dropped)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Dropped {
+        type Value = Dropped;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Dropped, E> {
+            Ok(Dropped)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Dropped, E> {
+            Ok(Dropped)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Dropped, E> {
+            Ok(Dropped)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Dropped, E> {
+            Ok(Dropped)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Dropped, E> {
+            Ok(Dropped)
+        }
+        fn visit_unit<E>(self) -> Result<Dropped, E> {
+            Ok(Dropped)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Dropped, A::Error> {
+            while seq.next_element::<Dropped>()?.is_some() {}
+            Ok(Dropped)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Dropped, A::Error> {
+            // Names are strings, read as `Value` reads them, and dropped.
+            while map.next_entry::<Dropped, Dropped>()?.is_some() {}
+            Ok(Dropped)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// What [`members`] stands for: the text parsed into a `Value`, and
+    /// the named members of the object it is.
+    fn members_by_value<const N: usize>(text: &str, names: [&str; N]) -> Result<Option<[Option<Value>; N]>, ()> {
+        let v: Value = serde_json::from_str(text).map_err(|_| ())?;
+        Ok(v.as_object().map(|o| names.map(|n| o.get(n).cloned())))
+    }
+
+    /// Members are what a parsed `Value` holds, and text is refused where
+    /// a `Value` refuses it: repeated and escaped names, members of every
+    /// kind, numbers past f64, nesting at and past serde_json's limit, bad
+    /// strings and escapes, trailing text, tops other than an object; then
+    /// the same corpus mutated at random.
+    #[test]
+    fn members_are_what_a_parsed_value_holds() {
+        const NAMES: [&str; 3] = ["self_id", "post_type", "group_id"];
+        let deep = |n: usize| format!(r#"{{"self_id":1,"x":{}1{}}}"#, "[".repeat(n), "]".repeat(n));
+        let deep_object = |n: usize| format!(r#"{{"self_id":1,"x":{}1{}}}"#, r#"{"a":"#.repeat(n), "}".repeat(n));
+        let deep_member = |n: usize| format!(r#"{{"group_id":{}1{}}}"#, "[".repeat(n), "]".repeat(n));
+        let mut corpus: Vec<String> = [
+            r#"{"self_id":1,"post_type":"message"}"#,
+            r#"{"post_type":"meta_event","self_id":1,"group_id":{"a":[1,2,{"b":null}]}}"#,
+            r#"{"self_id":1,"self_id":2,"post_type":"message"}"#,
+            r#"{"self_id":1,"self_id":"1"}"#,
+            r#"{"post_type":"notice","post_type":null}"#,
+            r#"{"self\u005fid":1,"post_type":"meta\u005fevent"}"#,
+            r#"{"self_id":1.0,"group_id":1e0}"#,
+            r#"{"self_id":-1,"group_id":-0}"#,
+            r#"{"self_id":9223372036854775807,"group_id":9223372036854775808}"#,
+            r#"{"self_id":-9223372036854775808,"group_id":-9223372036854775809}"#,
+            r#"{"self_id":18446744073709551615,"group_id":18446744073709551616}"#,
+            r#"{"self_id":null,"post_type":true,"group_id":false}"#,
+            r#"{"self_id":[1],"post_type":{"a":1},"group_id":""}"#,
+            r#"{}"#,
+            r#"{"n":1e400}"#,
+            r#"{"self_id":-1e400}"#,
+            r#"{"n":1e-400}"#,
+            r#"{"n":123456789012345678901234567890}"#,
+            r#"{"n":01}"#,
+            r#"{"n":1.}"#,
+            r#"{"n":-}"#,
+            r#"{"s":"\x"}"#,
+            r#"{"s":"\ud800"}"#,
+            r#"{"post_type":"\ud800\udc00"}"#,
+            r#"{"s":"\u12"}"#,
+            "{\"s\":\"a\u{1}b\"}",
+            "{\"s\u{1}\":1}",
+            "{\"post_type\":\"\u{1}\"}",
+            r#"{"a":[1,{"b":[null,true,false,"c"]}]}"#,
+            r#"{"self_id":1,}"#,
+            r#"{"self_id":1} "#,
+            r#"{"self_id":1} x"#,
+            r#"{"self_id":1}{}"#,
+            r#"{"self_id":1 "post_type":"message"}"#,
+            r#"{"self_id":1,"post_type":"message""#,
+            r#" {"self_id":1}"#,
+            r#"{"a":[1,2,]}"#,
+            r#"{1:2}"#,
+            "[1]",
+            "[1,",
+            "[]",
+            "1",
+            "\"s\"",
+            "null",
+            "true",
+            "",
+            "nope",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        for n in [1, 100, 126, 127, 128, 129, 200] {
+            corpus.extend([deep(n), deep_object(n), deep_member(n)]);
+        }
+        for text in &corpus {
+            assert_eq!(members(text, NAMES).map_err(|_| ()), members_by_value(text, NAMES), "{text}");
+        }
+        // Both sides of what a `Value` takes are in the corpus.
+        assert!(members(&deep(126), NAMES).is_ok() && members(&deep(200), NAMES).is_err());
+        assert!(members(&deep_member(126), NAMES).is_ok() && members(&deep_member(200), NAMES).is_err());
+        assert!(members(r#"{"n":1e400}"#, NAMES).is_err());
+        // Characters of JSON's syntax inserted, replaced and removed at
+        // random (xorshift, fixed seed).
+        let alphabet: Vec<char> = "{}[],:\"\\ 01-9.eE+tfnul_sefidpostypemtagrou\u{1}é".chars().collect();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        let (mut objects, mut refused) = (0, 0);
+        for _ in 0..30_000 {
+            let mut chars: Vec<char> = corpus[next(corpus.len())].chars().collect();
+            for _ in 0..1 + next(3) {
+                let at = next(chars.len() + 1);
+                match next(3) {
+                    0 => chars.insert(at, alphabet[next(alphabet.len())]),
+                    1 if at < chars.len() => chars[at] = alphabet[next(alphabet.len())],
+                    _ if at < chars.len() => {
+                        chars.remove(at);
+                    }
+                    _ => {}
+                }
+            }
+            let text: String = chars.into_iter().collect();
+            let ours = members(&text, NAMES).map_err(|_| ());
+            assert_eq!(ours, members_by_value(&text, NAMES), "{text}");
+            match ours {
+                Ok(Some(_)) => objects += 1,
+                Err(()) => refused += 1,
+                Ok(None) => {}
+            }
+        }
+        // The mutations reach objects and refusals alike.
+        assert!(objects > 1000 && refused > 1000, "{objects} objects, {refused} refused");
+    }
 
     #[derive(serde::Deserialize)]
     struct Fields<'a> {

@@ -522,9 +522,8 @@ fn handle(state: &Arc<Mutex<State>>, m: EventMsg, self_id: i64, generation: u64,
         }
         EventMsg::Event(t) => t.0,
     };
-    // Parsed again here: the executor's word is not trusted.
-    let parsed: Option<Map<String, Value>> = serde_json::from_str(&text).ok();
-    let Some(ev) = parsed else {
+    // Read again here: the executor's word is not trusted.
+    let Some(ev) = event_members(&text) else {
         conn.status.send_replace(Status::Stopped("malformed event: not a JSON object".into()));
         cancel.cancel();
         return;
@@ -579,6 +578,18 @@ fn handle(state: &Arc<Mutex<State>>, m: EventMsg, self_id: i64, generation: u64,
     if !targets.is_empty() {
         tokio::spawn(notify(state.clone(), targets));
     }
+}
+
+/// The members of an event that the checks, the scope and the filters
+/// read (`handle`, `Keys::of`, `Scope::event_in_scope` and `learn_event`).
+const EVENT_MEMBERS: [&str; 5] = ["self_id", "post_type", "group_id", "user_id", "message_id"];
+
+/// An event's [`EVENT_MEMBERS`], as the object they are in holds them once
+/// it is parsed (`json::members`: the same judgement of the text, without
+/// building the rest of it); `None` when the text is not a JSON object.
+fn event_members(text: &str) -> Option<Map<String, Value>> {
+    let picked = snowluma_proto::json::members(text, EVENT_MEMBERS).ok()??;
+    Some(EVENT_MEMBERS.iter().zip(picked).filter_map(|(name, v)| Some(((*name).to_owned(), v?))).collect())
 }
 
 /// Send the update notifications of one event; record failures.
@@ -658,6 +669,31 @@ pub(crate) async fn tool_call(hub: &EventHub, op: Op, args: Value) -> ToolReply 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An event's members as `handle` reads them are those of the whole
+    /// event parsed, and the text is refused where parsing it refuses it
+    /// (how the text is read is `json::members`' own test's).
+    #[test]
+    fn an_event_s_members_are_the_parsed_event_s() {
+        let texts = [
+            r#"{"time":1,"self_id":10001,"post_type":"message","message_type":"group","sub_type":"normal","message_id":-5,"group_id":20001,"user_id":30001,"message":[{"type":"text","data":{"text":"hi"}}],"raw_message":"hi","font":0,"sender":{"user_id":30001,"nickname":"n"}}"#,
+            r#"{"self_id":1,"post_type":"notice","group_id":"20001","user_id":1.5}"#,
+            r#"{"self_id":1,"self_id":2,"group_id":1,"group_id":null}"#,
+            r#"{"self_id":1,"post_type":"message","message_id":9223372036854775808}"#,
+            r#"{"self_id":1,"x":{"group_id":5}}"#,
+            r#"{"self_id":1,"n":1e400}"#,
+            r#"[{"self_id":1}]"#,
+            r#"{"self_id":1}x"#,
+            "",
+        ];
+        for text in texts {
+            let full: Option<Map<String, Value>> = serde_json::from_str(text).ok();
+            let expected = full.map(|m| {
+                m.into_iter().filter(|(k, _)| EVENT_MEMBERS.contains(&k.as_str())).collect::<Map<String, Value>>()
+            });
+            assert_eq!(event_members(text), expected, "{text}");
+        }
+    }
 
     /// What the filters read of the event `v`.
     fn ev(v: Value) -> Keys {
