@@ -246,20 +246,15 @@ mod tests {
         }
     }
 
-    /// Every message gets the verdict a parsed `Value` gave it (how the
-    /// text is read is `json::members`' own test's): repeated
+    /// Every message gets the verdict a parsed `Value` gave it: repeated
     /// names (the last counts), escaped names, every kind of `self_id`
-    /// (integers at and past i64's ends, floats, strings), `post_type` of
-    /// every kind, numbers past f64, nesting at and past serde_json's
-    /// limit, bad strings and escapes, trailing text, and other tops.
+    /// (integers at and past i64's ends, floats, strings) and of
+    /// `post_type`, and text that is not JSON or not an object. How the
+    /// text itself is read (numbers, strings, nesting, trailing text) is
+    /// `json::members`' own test's.
     #[test]
     fn events_are_judged_as_a_parsed_value_judges_them() {
-        let deep =
-            |n: usize| format!(r#"{{"self_id":1,"post_type":"message","x":{}1{}}}"#, "[".repeat(n), "]".repeat(n));
-        let deep_obj = |n: usize| {
-            format!(r#"{{"self_id":1,"post_type":"message","x":{}1{}}}"#, r#"{"a":"#.repeat(n), "}".repeat(n))
-        };
-        let mut corpus: Vec<String> = [
+        let corpus = [
             r#"{"self_id":1,"post_type":"message"}"#,
             r#"{"self_id":1,"post_type":"meta_event"}"#,
             r#"{"post_type":"meta_event","self_id":1}"#,
@@ -274,72 +269,31 @@ mod tests {
             r#"{"self_id":1,"post_type":"meta\u005fevent"}"#,
             r#"{"self_id":"1","post_type":"message"}"#,
             r#"{"self_id":1.0,"post_type":"message"}"#,
-            r#"{"self_id":1e0,"post_type":"message"}"#,
             r#"{"self_id":-1,"post_type":"message"}"#,
             r#"{"self_id":9223372036854775807,"post_type":"message"}"#,
             r#"{"self_id":9223372036854775808,"post_type":"message"}"#,
             r#"{"self_id":-9223372036854775808,"post_type":"message"}"#,
-            r#"{"self_id":-9223372036854775809,"post_type":"message"}"#,
-            r#"{"self_id":18446744073709551616,"post_type":"message"}"#,
             r#"{"self_id":null,"post_type":"message"}"#,
-            r#"{"self_id":true,"post_type":"message"}"#,
             r#"{"self_id":[1],"post_type":"message"}"#,
             r#"{"self_id":{"a":1},"post_type":"message"}"#,
             r#"{"self_id":1,"post_type":1}"#,
             r#"{"self_id":1,"post_type":["meta_event"]}"#,
-            r#"{"self_id":1,"post_type":{"meta_event":1}}"#,
             r#"{"self_id":1,"post_type":""}"#,
             r#"{"self_id":1}"#,
             r#"{"post_type":"notice"}"#,
-            r#"{}"#,
+            r#"{"x":{"self_id":1,"post_type":"message"}}"#,
             r#"{"self_id":1,"post_type":"message","n":1e400}"#,
-            r#"{"self_id":1,"post_type":"message","n":-1e400}"#,
-            r#"{"self_id":1,"post_type":"message","n":1e-400}"#,
-            r#"{"self_id":1,"post_type":"message","n":123456789012345678901234567890}"#,
-            r#"{"self_id":1,"post_type":"message","n":01}"#,
-            r#"{"self_id":1,"post_type":"message","n":1.}"#,
-            r#"{"self_id":1,"post_type":"message","n":-}"#,
-            r#"{"self_id":1,"post_type":"message","s":"\x"}"#,
-            r#"{"self_id":1,"post_type":"message","s":"\ud800"}"#,
-            r#"{"self_id":1,"post_type":"message","s":"\ud800\udc00"}"#,
-            r#"{"self_id":1,"post_type":"message","s":"\u12"}"#,
-            "{\"self_id\":1,\"post_type\":\"message\",\"s\":\"a\u{1}b\"}",
-            "{\"self_id\":1,\"post_type\":\"message\",\"s\u{1}\":1}",
-            r#"{"self_id":1,"post_type":"message","a":[1,{"b":[null,true,false,"c"]}]}"#,
-            r#"{"self_id":1,"post_type":"message",}"#,
-            r#"{"self_id":1,"post_type":"message"} "#,
             r#"{"self_id":1,"post_type":"message"} x"#,
-            r#"{"self_id":1,"post_type":"message"}{}"#,
-            r#"{"self_id":1 "post_type":"message"}"#,
-            r#"{"self_id":1,"post_type":"message""#,
-            r#" {"self_id":1,"post_type":"message"}"#,
             "[1]",
-            "[1,",
-            "[]",
-            "1",
             "\"s\"",
-            "null",
-            "true",
             "",
             "nope",
-            r#"{"self_id":1,"post_type":"message","a":[1,2,]}"#,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        for n in [1, 100, 126, 127, 128, 129, 200] {
-            corpus.push(deep(n));
-            corpus.push(deep_obj(n));
-        }
-        for text in &corpus {
+        ];
+        for text in corpus {
             for id in [1, 2, -1] {
                 assert_eq!(check(text, id), check_by_value(text, id), "{text} (self_id {id})");
             }
         }
-        // The corpus reaches both sides of what a `Value` takes.
-        assert_eq!(check(&deep(126), 1), Ok(Kind::Event));
-        assert_eq!(check(&deep(200), 1), Err("malformed event: not JSON"));
-        assert_eq!(check(r#"{"self_id":1,"post_type":"message","n":1e400}"#, 1), Err("malformed event: not JSON"));
     }
 
     #[test]
