@@ -4,7 +4,7 @@
 //! other side reserve memory it did not mean to.
 
 use serde::{Serialize, de::DeserializeOwned};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Hard ceiling for one frame. The largest legitimate message is the whole
 /// catalog resource (well under 2 MiB); 16 MiB leaves room without letting a
@@ -95,6 +95,30 @@ where
     Ok(postcard::from_bytes(&body)?)
 }
 
+/// [`read_frame`] from a buffered reader: a frame already whole in the
+/// buffer (the usual case: a message comes in one `recv`) is decoded where
+/// it lies, with no buffer of its own and no copy; any other goes through
+/// [`read_frame`]. The same answers, errors and limits as [`read_frame`].
+pub async fn read_buffered_frame<R, T>(r: &mut R) -> Result<T, FrameError>
+where
+    R: AsyncBufRead + Unpin,
+    T: DeserializeOwned,
+{
+    let buf = r.fill_buf().await?;
+    if let Some((len, rest)) = buf.split_first_chunk::<4>() {
+        let len = u32::from_le_bytes(*len) as usize;
+        if len > MAX_FRAME_BYTES {
+            return Err(FrameError::TooLarge(len));
+        }
+        if let Some(body) = rest.get(..len) {
+            let msg = postcard::from_bytes(body);
+            r.consume(4 + len);
+            return Ok(msg?);
+        }
+    }
+    read_frame(r).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +147,55 @@ mod tests {
         drop(a);
         let err = read_frame::<_, ToWorker>(&mut b).await.unwrap_err();
         assert!(matches!(err, FrameError::Closed | FrameError::Io(_)));
+    }
+
+    /// A frame whole in the buffer, split anywhere, or never finished reads
+    /// as [`read_frame`] reads it.
+    #[tokio::test]
+    async fn buffered_frames_read_as_read_frame_reads_them() {
+        let msgs: Vec<ToWorker> = (0..3)
+            .map(|id| ToWorker::Request {
+                id,
+                request: Request::CatalogTool {
+                    tool: "list_actions".into(),
+                    args: JsonText::from_value(&serde_json::json!({"limit": id})),
+                },
+            })
+            .collect();
+        let mut bytes = Vec::new();
+        for m in &msgs {
+            bytes.extend_from_slice(&encode(m).unwrap());
+        }
+        // Every buffer size: frames whole in it, and frames split across
+        // reads (the length prefix too).
+        for cap in 1..=bytes.len() + 1 {
+            let mut r = tokio::io::BufReader::with_capacity(cap, &bytes[..]);
+            for m in &msgs {
+                let back: ToWorker = read_buffered_frame(&mut r).await.unwrap();
+                assert_eq!(format!("{back:?}"), format!("{m:?}"), "buffer of {cap}");
+            }
+            assert!(matches!(read_buffered_frame::<_, ToWorker>(&mut r).await, Err(FrameError::Closed)));
+        }
+        // Cut anywhere: the stream ends inside a frame (or between two).
+        for cut in 1..bytes.len() {
+            let mut r = tokio::io::BufReader::with_capacity(64, &bytes[..cut]);
+            let mut seen = 0;
+            let err = loop {
+                match read_buffered_frame::<_, ToWorker>(&mut r).await {
+                    Ok(_) => seen += 1,
+                    Err(e) => break e,
+                }
+            };
+            assert!(seen < msgs.len() && matches!(err, FrameError::Closed | FrameError::Io(_)), "cut at {cut}");
+        }
+        // Too large: refused from the prefix alone; garbage: a decode error.
+        let mut too_large = ((MAX_FRAME_BYTES as u32) + 1).to_le_bytes().to_vec();
+        too_large.extend_from_slice(&[0; 8]);
+        let mut r = tokio::io::BufReader::new(&too_large[..]);
+        assert!(matches!(read_buffered_frame::<_, ToWorker>(&mut r).await, Err(FrameError::TooLarge(_))));
+        let garbage = [3, 0, 0, 0, 0xff, 0xff, 0xff];
+        let mut r = tokio::io::BufReader::new(&garbage[..]);
+        assert!(matches!(read_buffered_frame::<_, ToWorker>(&mut r).await, Err(FrameError::Decode(_))));
     }
 
     #[tokio::test]

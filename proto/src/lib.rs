@@ -36,6 +36,6 @@ pub mod task;
 pub mod text;
 pub mod texts;
 
-pub use frame::{FrameError, MAX_FRAME_BYTES, read_frame, write_frame};
+pub use frame::{FrameError, MAX_FRAME_BYTES, read_buffered_frame, read_frame, write_frame};
 pub use msg::*;
 pub use outcome::{Diagnostics, FailureKind, Outcome, ToolReply};

@@ -19,7 +19,7 @@ use snowluma_proto::outbox::Outbox;
 use snowluma_proto::sockio::{SockReader, SockWriter};
 use snowluma_proto::{
     BUILD_ID, EventMsg, FrameError, FromWorker, Hello, Progress, Reply, Request, Role, ToWorker, WORKER_IPC_FD,
-    WorkerConfig, read_frame, write_frame,
+    WorkerConfig, read_buffered_frame, read_frame, write_frame,
 };
 pub use snowluma_sandbox::role::ChannelDir;
 use snowluma_sandbox::role::Slot;
@@ -618,7 +618,7 @@ async fn pump(
 /// closes or the worker breaks protocol.
 async fn read_loop(name: &'static str, conn: &Conn, rd: &mut IpcReader) {
     loop {
-        match read_frame::<_, FromWorker>(rd).await {
+        match read_buffered_frame::<_, FromWorker>(rd).await {
             Ok(FromWorker::Reply { id, reply }) => {
                 let p = conn.pending.lock().ok().and_then(|mut p| p.remove(&id));
                 if let Some(p) = p {

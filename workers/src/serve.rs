@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use snowluma_proto::outbox::Outbox;
 use snowluma_proto::{
-    BUILD_ID, FrameError, FromWorker, Progress, Reply, Request, Role, ToWorker, WorkerConfig, read_frame, write_frame,
+    BUILD_ID, FrameError, FromWorker, Progress, Reply, Request, Role, ToWorker, WorkerConfig, read_buffered_frame,
+    read_frame, write_frame,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -148,7 +149,7 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
     let inflight: Arc<Mutex<HashMap<u64, CancellationToken>>> = Arc::default();
 
     let result = loop {
-        let msg = match read_frame::<_, ToWorker>(&mut rd).await {
+        let msg = match read_buffered_frame::<_, ToWorker>(&mut rd).await {
             Ok(m) => m,
             Err(FrameError::Closed) => break Ok(()),
             Err(e) => break Err(ServeError::Frame(e)),
