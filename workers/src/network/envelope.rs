@@ -127,8 +127,17 @@ pub(super) fn classify_body(body: &[u8]) -> Option<Envelope> {
         }
     };
     let status = as_str(f.status);
-    let retcode: Option<Value> = f.retcode.and_then(|r| serde_json::from_str(r.get()).ok());
-    let retcode_i64 = retcode.as_ref().and_then(Value::as_i64);
+    let (retcode_i64, retcode) = match f.retcode.map(RawValue::get) {
+        None => (None, None),
+        // The usual retcode, a plain integer, is its own JSON text.
+        Some(text) => match plain_integer(text) {
+            Some(n) => (Some(n), Some(JsonText(text.to_owned()))),
+            None => {
+                let v: Option<Value> = serde_json::from_str(text).ok();
+                (v.as_ref().and_then(Value::as_i64), v.as_ref().map(JsonText::from_value))
+            }
+        },
+    };
     // The wording is only read for an outcome that is not a success.
     let wording = if status.as_deref() == Some("ok") && retcode_i64 == Some(0) {
         None
@@ -137,7 +146,20 @@ pub(super) fn classify_body(body: &[u8]) -> Option<Envelope> {
         first_wording([0, 1, 2].map(|i| words[i].as_deref()))
     };
     let diagnostics = classify_fields(status.as_deref(), retcode_i64, wording);
-    Some(Envelope { diagnostics, retcode: retcode.as_ref().map(|r| Box::new(JsonText::from_value(r))) })
+    Some(Envelope { diagnostics, retcode: retcode.map(Box::new) })
+}
+
+/// The value of JSON number text that a parsed `Value` writes back as the
+/// same text and reads as an `i64`: an optional minus, then digits without
+/// a leading zero (`-0` is written back as `0`, so it is not one).
+fn plain_integer(text: &str) -> Option<i64> {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let plain = match digits.as_bytes() {
+        [b'0'] => digits.len() == text.len(),
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    if plain { text.parse().ok() } else { None }
 }
 
 fn classify_fields(status: Option<&str>, retcode: Option<i64>, wording: Option<String>) -> Diagnostics {
@@ -218,12 +240,29 @@ mod tests {
             r#"{"status":"ok","retcode":100}"#,
             r#"{"status":"ok","retcode":"0"}"#,
             r#"{"status":"ok","status":"failed","retcode":0}"#,
+            // Retcodes of every form: each read, and kept, as a parsed
+            // `Value` reads and writes it.
+            r#"{"status":"failed","retcode":-0}"#,
+            r#"{"status":"failed","retcode":-17}"#,
+            r#"{"status":"failed","retcode":0.0}"#,
+            r#"{"status":"failed","retcode":1e2}"#,
+            r#"{"status":"failed","retcode":1400.5}"#,
+            r#"{"status":"failed","retcode":-9223372036854775808}"#,
+            r#"{"status":"failed","retcode":9223372036854775807}"#,
+            r#"{"status":"failed","retcode":9223372036854775808}"#,
+            r#"{"status":"failed","retcode":18446744073709551616}"#,
+            r#"{"status":"failed","retcode":-9223372036854775809}"#,
+            r#"{"status":"failed","retcode": 12 }"#,
+            r#"{"status":"failed","retcode":[1]}"#,
+            r#"{"status":"failed","retcode":true}"#,
         ] {
             let v: Value = serde_json::from_str(body).unwrap();
             let env = classify_body(body.as_bytes()).unwrap();
             assert_eq!(env.diagnostics, classify(&v), "{body}");
-            let retcode = env.retcode.map(|t| t.parse().unwrap());
-            assert_eq!(retcode.as_ref(), v.get("retcode"), "{body}");
+            // The text the parsed value is sent as, byte for byte.
+            let retcode = env.retcode.map(|t| t.0);
+            let sent = v.get("retcode").filter(|r| !r.is_null()).map(|r| JsonText::from_value(r).0);
+            assert_eq!(retcode, sent, "{body}");
         }
         let dup = classify_body(br#"{"retcode":1,"retcode":"2","status":"ok"}"#).unwrap();
         assert_eq!(dup.retcode.map(|t| t.0).as_deref(), Some(r#""2""#), "the last member, as the parsed result has it");
