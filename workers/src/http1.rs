@@ -221,8 +221,7 @@ impl Direct {
             req.extend_from_slice(a);
         }
         req.extend_from_slice(b"content-length: ");
-        // Writing a number into a `Vec` cannot fail.
-        let _ = std::io::Write::write_fmt(&mut req, format_args!("{}", body.len()));
+        push_decimal(&mut req, body.len());
         req.extend_from_slice(b"\r\n\r\n");
         req.extend_from_slice(body);
         Ok(req)
@@ -272,6 +271,23 @@ impl Direct {
             Err((_, e)) => Err(request_failure(e.to_string())),
         }
     }
+}
+
+/// `n` in decimal digits (what `{}` writes, without the formatter).
+fn push_decimal(out: &mut Vec<u8>, n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        // A digit: `rest % 10` is below 10.
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// Write all of `req`; on failure, how many bytes had been written.
@@ -840,5 +856,14 @@ mod tests {
         let d = Direct::new(&url, &[], None, Duration::from_secs(1)).unwrap();
         let r = d.post("{}".into(), &trace(), 10, &AtomicBool::new(false)).await;
         assert!(matches!(r, Err(Failure::Connect(_))), "{r:?}");
+    }
+
+    #[test]
+    fn lengths_are_written_in_decimal() {
+        for n in [0, 7, 10, 99, 100, 12_345, usize::MAX] {
+            let mut out = b"x".to_vec();
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}").into_bytes());
+        }
     }
 }
