@@ -6,7 +6,13 @@
 pub const LARGE_MESSAGE: usize = 16 * 1024;
 
 /// One allocator arena for the few threads a role has, instead of one
-/// reserved per thread; set before anything else runs. glibc's thresholds
+/// reserved per thread; set before anything else runs. No fast bins: a
+/// freed small block that finds its thread cache full goes to the ordinary
+/// bins at once, instead of waiting in a fast bin until the next request
+/// of 1 KiB or more gathers them all (`malloc_consolidate`). The network
+/// executor makes such a request on every call (the call's future), and
+/// found fast-bin blocks to gather every time (README, "Latency and
+/// throughput", the thirteenth sitting). glibc's thresholds
 /// stay dynamic on purpose: fixing them (tried) made every 512 KiB upload
 /// chunk a fresh mapping, faulted in page by page (bench-transfer: 6.1–8.2
 /// against 5.6–6.1 CPU s/GiB, and uploads below a plain client's speed),
@@ -18,6 +24,7 @@ pub fn tune() {
     // first thing in main, while the process is single-threaded.
     unsafe {
         nix::libc::mallopt(nix::libc::M_ARENA_MAX, 1);
+        nix::libc::mallopt(nix::libc::M_MXFAST, 0);
     }
 }
 
