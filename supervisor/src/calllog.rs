@@ -5,13 +5,15 @@
 //! between the network executor's answer and the client's, then right
 //! after the answer, on the same processor the client was woken on: a
 //! microsecond or more of every call. Now a finished call's line is held
-//! and the held lines are written together, in the order their calls
-//! finished, by the flusher ([`flusher`]) [`HOLD_FOR`] after the first of
+//! and the held lines are written together, in the order they were held,
+//! by the flusher ([`flusher`]) [`HOLD_FOR`] after the first of
 //! them, or at once when [`MAX_HELD`] are held, and at the session's end
 //! ([`write_held`]). A call the client cancelled gets no answer (rmcp
 //! drops it), so its line is written at once, after the held ones
 //! ([`write_now`]). Nothing is lost or reordered; a line that finds the
-//! store unusable is written at once.
+//! store unusable is written at once. A direct call's lines ([`Closing`])
+//! are taken when its reply is known and held only once its answer is
+//! written: the client's answer does not wait for them.
 
 use std::io::Write as _;
 use std::sync::Mutex;
@@ -207,20 +209,60 @@ pub(crate) fn finished(
     started: std::time::Instant,
     cancelled: bool,
 ) {
-    if let Some(d) = trace.diagnostic() {
-        tracing::info!(target: "snowluma_mcp::server", tool = spec.name, traceparent = %trace.traceparent, "{d}");
-    }
-    let line = || Line {
-        tool: spec.name,
-        traceparent: trace.traceparent.clone(),
-        outcome: reply.diagnostics.outcome.as_str(),
-        failure: reply.diagnostics.kind.map(|k| k.as_str()).unwrap_or("none"),
-        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-    };
+    let closing = Closing::of(spec, trace, reply, started);
     if cancelled {
-        write_now(line);
+        closing.write_now();
     } else {
-        hold(line);
+        closing.hold();
+    }
+}
+
+/// A finished call's log lines, taken when its reply is known (its
+/// outcome, its duration then) and written or held later: a direct call's
+/// once its answer is written, so that neither costs the client's wait for
+/// the answer (README, "Latency and throughput", the thirteenth sitting).
+pub(crate) struct Closing {
+    diagnostic: Option<&'static str>,
+    line: Line,
+}
+
+impl Closing {
+    /// The lines of the call of `spec` with `trace`, ending with `reply`.
+    pub(crate) fn of(
+        spec: crate::tools::ToolSpec,
+        trace: &crate::trace::CallTrace,
+        reply: &snowluma_proto::ToolReply,
+        started: std::time::Instant,
+    ) -> Closing {
+        Closing {
+            diagnostic: trace.diagnostic(),
+            line: Line {
+                tool: spec.name,
+                traceparent: trace.traceparent.clone(),
+                outcome: reply.diagnostics.outcome.as_str(),
+                failure: reply.diagnostics.kind.map(|k| k.as_str()).unwrap_or("none"),
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            },
+        }
+    }
+
+    /// The trace diagnostic, if any, at once; the closing line held.
+    pub(crate) fn hold(self) {
+        self.diagnose();
+        hold(|| self.line);
+    }
+
+    /// Both at once (a call that gets no answer), after the held lines.
+    pub(crate) fn write_now(self) {
+        self.diagnose();
+        write_now(|| self.line);
+    }
+
+    fn diagnose(&self) {
+        if let Some(d) = self.diagnostic {
+            let Line { tool, traceparent, .. } = &self.line;
+            tracing::info!(target: "snowluma_mcp::server", tool = *tool, traceparent = %traceparent, "{d}");
+        }
     }
 }
 

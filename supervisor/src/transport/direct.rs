@@ -48,6 +48,7 @@ use snowluma_proto::{Diagnostics, ToolReply};
 use tokio_util::sync::CancellationToken;
 
 use super::envelope::{self, Peek, Reject};
+use crate::calllog::Closing;
 use crate::execution::Begun;
 use crate::gates::{Args, exec_arguments};
 use crate::state::ServerState;
@@ -238,10 +239,12 @@ impl Direct {
                 let waiting = sent.then(move |result| {
                     let cancelled = matches!(result, Err(CallError::Cancelled));
                     let reply = crate::execution::sent_reply(&this.state, action, result);
-                    if let Some((key, line)) = this.ended(call, n, reply, cancelled) {
-                        // Written now when stdout is free (the usual case).
+                    if let Some((key, line, closing)) = this.ended(call, n, reply, cancelled) {
+                        // Written now when stdout is free (the usual case);
+                        // the log lines after it.
                         snowluma_proto::eager::spawn_eager(async move {
                             super::deliver_answer(&out, &session, &key, line).await;
+                            closing.hold();
                         });
                     }
                 });
@@ -281,26 +284,29 @@ impl Direct {
         session: Arc<Mutex<super::State>>,
     ) {
         let reply = begun.finish(&self.state, call.spec, &call.trace, &ct).await;
-        if let Some((key, line)) = self.ended(call, n, reply, ct.is_cancelled()) {
+        if let Some((key, line, closing)) = self.ended(call, n, reply, ct.is_cancelled()) {
             super::deliver_answer(&out, &session, &key, line).await;
+            closing.hold();
         }
     }
 
-    /// The end of the call `n`: out of the table, its log line, and its
-    /// answer line with its key (none once it was cancelled).
-    fn ended(&self, call: Call, n: u64, reply: ToolReply, cancelled: bool) -> Option<(String, Vec<u8>)> {
+    /// The end of the call `n`: out of the table, and its answer line with
+    /// its key and its log lines, to be held once the answer is written
+    /// (none once it was cancelled: its log lines are written at once).
+    fn ended(&self, call: Call, n: u64, reply: ToolReply, cancelled: bool) -> Option<(String, Vec<u8>, Closing)> {
         let Call { spec, trace, id, key, started } = call;
         if let Ok(mut calls) = self.calls.lock()
             && calls.get(&key).is_some_and(|(m, _)| *m == n)
         {
             calls.remove(&key);
         }
-        crate::calllog::finished(spec, &trace, &reply, started, cancelled);
+        let closing = Closing::of(spec, &trace, &reply, started);
         if cancelled {
+            closing.write_now();
             return None;
         }
         let line = answer_line(&id, reply, &trace);
-        Some((key, line))
+        Some((key, line, closing))
     }
 }
 
