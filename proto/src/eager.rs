@@ -20,7 +20,8 @@ use std::task::{Context, Waker};
 
 /// Run `fut` up to its first wait now, then as a task of its own (spawned
 /// only if it did not finish). Must be called within a tokio runtime.
-pub fn spawn_eager<F>(fut: F)
+/// Whether it goes on as a task (false: it finished in its first step).
+pub fn spawn_eager<F>(fut: F) -> bool
 where
     F: Future<Output = ()> + Send + 'static,
 {
@@ -30,7 +31,9 @@ where
     let mut cx = Context::from_waker(Waker::noop());
     if fut.as_mut().poll(&mut cx).is_pending() {
         tokio::spawn(fut);
+        return true;
     }
+    false
 }
 
 #[cfg(test)]
@@ -51,7 +54,7 @@ mod tests {
         let (tx2, rx2) = tokio::sync::oneshot::channel::<()>();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<usize>();
         let s = steps.clone();
-        spawn_eager(async move {
+        let goes_on = spawn_eager(async move {
             s.fetch_add(1, Ordering::SeqCst);
             rx1.await.unwrap();
             s.fetch_add(1, Ordering::SeqCst);
@@ -59,15 +62,17 @@ mod tests {
             let _ = done_tx.send(s.fetch_add(1, Ordering::SeqCst) + 1);
         });
         assert_eq!(steps.load(Ordering::SeqCst), 1, "the first step ran in the caller's turn");
+        assert!(goes_on, "it waits: a task of its own");
         tx1.send(()).unwrap();
         tokio::task::yield_now().await;
         tx2.send(()).unwrap();
         assert_eq!(done_rx.await.unwrap(), 3);
         let ran = Arc::new(AtomicUsize::new(0));
         let r = ran.clone();
-        spawn_eager(async move {
+        let goes_on = spawn_eager(async move {
             r.fetch_add(1, Ordering::SeqCst);
         });
+        assert!(!goes_on);
         assert_eq!(ran.load(Ordering::SeqCst), 1, "finished without a task");
     }
 }

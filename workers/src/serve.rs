@@ -166,32 +166,36 @@ async fn serve_inner<H: RoleHandler>(fd: OwnedFd, role: Role, handler: H) -> Res
             }
             ToWorker::Request { id, request } => {
                 let cancel = CancellationToken::new();
-                if let Ok(mut map) = inflight.lock() {
-                    map.insert(id, cancel.clone());
-                }
-                let ctx = Ctx { cancel, id, out: outbox.clone() };
+                let ctx = Ctx { cancel: cancel.clone(), id, out: outbox.clone() };
                 let handler = handler.clone();
-                let inflight = inflight.clone();
+                let calls = inflight.clone();
                 let out = outbox.clone();
                 // Started in this turn: an ordinary call's HTTP request is
-                // written before the next frame is read.
-                snowluma_proto::eager::spawn_eager(async move {
+                // written before the next frame is read, and before the
+                // call is entered in the table (no `Cancel` is read before
+                // this turn ends; a call over in its first step never is).
+                let goes_on = snowluma_proto::eager::spawn_eager(async move {
                     let reply = handler.handle(request, ctx).await;
                     // The only request in flight answers at once; with
                     // others in flight, the replies ready together go out
                     // in one write.
-                    let alone = inflight.lock().map(|mut map| {
-                        map.remove(&id);
-                        map.is_empty()
-                    });
+                    let alone = calls.lock().map(|map| map.keys().all(|k| *k == id));
                     if let Some(frame) = frame_or_substitute(FromWorker::Reply { id, reply }) {
                         let _ = if alone.unwrap_or(false) { out.send_now(frame) } else { out.send(frame) };
+                    }
+                    // Out of the table once its reply is on its way (nothing
+                    // is read in between).
+                    if let Ok(mut map) = calls.lock() {
+                        map.remove(&id);
                     }
                     // Start-up is over once a request has been served (not
                     // at `Configured`, which comes in the middle of the
                     // cold start).
                     snowluma_proto::alloc::after_start();
                 });
+                if goes_on && let Ok(mut map) = inflight.lock() {
+                    map.insert(id, cancel);
+                }
             }
             ToWorker::Cancel { id } => {
                 if let Ok(map) = inflight.lock()
