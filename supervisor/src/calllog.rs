@@ -209,11 +209,12 @@ pub(crate) fn finished(
     started: std::time::Instant,
     cancelled: bool,
 ) {
-    let closing = Closing::of(spec, trace, reply, started);
+    diagnose(spec.name, trace);
+    let line = || Line::of(spec.name, trace.traceparent.clone(), &reply.diagnostics, started.elapsed());
     if cancelled {
-        closing.write_now();
+        write_now(line);
     } else {
-        closing.hold();
+        hold(line);
     }
 }
 
@@ -221,48 +222,71 @@ pub(crate) fn finished(
 /// outcome, its duration then) and written or held later: a direct call's
 /// once its answer is written, so that neither costs the client's wait for
 /// the answer (README, "Latency and throughput", the thirteenth sitting).
+/// It owns the call's trace: its line takes the traceparent, uncopied, and
+/// is made only when info lines are on.
 pub(crate) struct Closing {
-    diagnostic: Option<&'static str>,
-    line: Line,
+    tool: &'static str,
+    trace: crate::trace::CallTrace,
+    outcome: &'static str,
+    failure: &'static str,
+    took: std::time::Duration,
 }
 
 impl Closing {
-    /// The lines of the call of `spec` with `trace`, ending with `reply`.
-    pub(crate) fn of(
+    /// The lines of the call of `spec` with `trace`, whose reply says
+    /// `diagnostics`, `took` after it started.
+    pub(crate) fn new(
         spec: crate::tools::ToolSpec,
-        trace: &crate::trace::CallTrace,
-        reply: &snowluma_proto::ToolReply,
-        started: std::time::Instant,
+        trace: crate::trace::CallTrace,
+        diagnostics: &snowluma_proto::Diagnostics,
+        took: std::time::Duration,
     ) -> Closing {
-        Closing {
-            diagnostic: trace.diagnostic(),
-            line: Line {
-                tool: spec.name,
-                traceparent: trace.traceparent.clone(),
-                outcome: reply.diagnostics.outcome.as_str(),
-                failure: reply.diagnostics.kind.map(|k| k.as_str()).unwrap_or("none"),
-                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-            },
-        }
+        let (outcome, failure) = outcome_failure(diagnostics);
+        Closing { tool: spec.name, trace, outcome, failure, took }
     }
 
     /// The trace diagnostic, if any, at once; the closing line held.
     pub(crate) fn hold(self) {
-        self.diagnose();
-        hold(|| self.line);
+        diagnose(self.tool, &self.trace);
+        hold(|| self.line());
     }
 
     /// Both at once (a call that gets no answer), after the held lines.
     pub(crate) fn write_now(self) {
-        self.diagnose();
-        write_now(|| self.line);
+        diagnose(self.tool, &self.trace);
+        write_now(|| self.line());
     }
 
-    fn diagnose(&self) {
-        if let Some(d) = self.diagnostic {
-            let Line { tool, traceparent, .. } = &self.line;
-            tracing::info!(target: "snowluma_mcp::server", tool = *tool, traceparent = %traceparent, "{d}");
-        }
+    fn line(self) -> Line {
+        let Closing { tool, trace, outcome, failure, took } = self;
+        Line { tool, traceparent: trace.traceparent, outcome, failure, duration_ms: took.as_secs_f64() * 1000.0 }
+    }
+}
+
+impl Line {
+    /// The closing line of a call of `tool`, whose reply says
+    /// `diagnostics`, `took` after it started.
+    fn of(
+        tool: &'static str,
+        traceparent: String,
+        diagnostics: &snowluma_proto::Diagnostics,
+        took: std::time::Duration,
+    ) -> Line {
+        let (outcome, failure) = outcome_failure(diagnostics);
+        Line { tool, traceparent, outcome, failure, duration_ms: took.as_secs_f64() * 1000.0 }
+    }
+}
+
+/// The outcome and the failure's kind (`none`) a closing line names.
+fn outcome_failure(d: &snowluma_proto::Diagnostics) -> (&'static str, &'static str) {
+    (d.outcome.as_str(), d.kind.map(|k| k.as_str()).unwrap_or("none"))
+}
+
+/// A call's trace diagnostic (an invalid traceparent or tracestate it
+/// ignored), if it has one.
+fn diagnose(tool: &'static str, trace: &crate::trace::CallTrace) {
+    if let Some(d) = trace.diagnostic() {
+        tracing::info!(target: "snowluma_mcp::server", tool, traceparent = %trace.traceparent, "{d}");
     }
 }
 

@@ -300,13 +300,13 @@ impl Direct {
         {
             calls.remove(&key);
         }
-        let closing = Closing::of(spec, &trace, &reply, started);
+        let took = started.elapsed();
         if cancelled {
-            closing.write_now();
+            Closing::new(spec, trace, &reply.diagnostics, took).write_now();
             return None;
         }
-        let line = answer_line(&id, reply, &trace);
-        Some((key, line, closing))
+        let line = answer_line(&id, &reply, &trace);
+        Some((key, line, Closing::new(spec, trace, &reply.diagnostics, took)))
     }
 }
 
@@ -316,7 +316,7 @@ impl Direct {
 /// `{"jsonrpc","id","result":{"content":[text],"structuredContent":
 /// {"result","diagnostics"},"isError","_meta":{"traceparent"}}}`. The
 /// result is parsed once.
-pub(super) fn answer_line(id: &RequestId, reply: ToolReply, trace: &CallTrace) -> Vec<u8> {
+pub(super) fn answer_line(id: &RequestId, reply: &ToolReply, trace: &CallTrace) -> Vec<u8> {
     // A successful result whose text a round trip writes back as it is
     // (the usual OneBot envelope) is written in one pass over it.
     if !reply.is_error
@@ -500,7 +500,7 @@ mod tests {
     /// `reply`'s answer line is rmcp's, byte for byte, for each of `ids`.
     fn assert_answered_as_rmcp(ids: &[RequestId], reply: &ToolReply, trace: &CallTrace, what: &str) {
         for id in ids {
-            let ours = String::from_utf8(answer_line(id, reply.clone(), trace)).unwrap();
+            let ours = String::from_utf8(answer_line(id, reply, trace)).unwrap();
             let theirs = String::from_utf8(rmcps(id, reply.clone(), trace)).unwrap();
             assert_eq!(ours, theirs, "{what}, id {id:?}");
         }
