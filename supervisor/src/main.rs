@@ -39,6 +39,8 @@ fn main() -> ExitCode {
 
 fn run() -> ExitCode {
     snowluma_proto::alloc::tune();
+    #[cfg(snowluma_pgo_training)]
+    pgo_training::start_writer();
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize| args.get(i).map(String::as_str);
     match arg(1) {
@@ -68,5 +70,35 @@ fn run() -> ExitCode {
         Some(Command::Audit { action }) => snowluma_mcp::audit_command(action, cli.audit_key.as_deref()),
         Some(Command::ServeHttp(opts)) => snowluma_http::launcher::run(&cli, opts),
         None => snowluma_mcp::serve_stdio(&cli),
+    }
+}
+
+/// A profile-training build (`scripts/pgo-profile`): built with
+/// `-Cprofile-generate`, which links LLVM's profile runtime. Workers are
+/// killed at the end of a session rather than left to exit, so every
+/// process adds its counts to the profile files four times a second.
+#[cfg(snowluma_pgo_training)]
+mod pgo_training {
+    unsafe extern "C" {
+        fn __llvm_profile_write_file() -> std::ffi::c_int;
+        fn __llvm_profile_reset_counters();
+    }
+
+    pub(crate) fn start_writer() {
+        snowluma_logsink::eprintln_nb!(
+            "snowluma-mcp: a profile-training build, with no confinement; never run it for real"
+        );
+        std::thread::spawn(|| {
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                // SAFETY: the profile runtime's own entry points, linked by
+                // -Cprofile-generate; they take no arguments. The files are
+                // merged (%m), so counts written are reset, not written twice.
+                unsafe {
+                    __llvm_profile_write_file();
+                    __llvm_profile_reset_counters();
+                }
+            }
+        });
     }
 }
