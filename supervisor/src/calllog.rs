@@ -210,7 +210,8 @@ pub(crate) fn finished(
     cancelled: bool,
 ) {
     diagnose(spec.name, trace);
-    let line = || Line::of(spec.name, trace.traceparent.clone(), &reply.diagnostics, started.elapsed());
+    let line =
+        || Line::of(spec.name, trace.traceparent.clone(), outcome_failure(&reply.diagnostics), started.elapsed());
     if cancelled {
         write_now(line);
     } else {
@@ -259,20 +260,19 @@ impl Closing {
 
     fn line(self) -> Line {
         let Closing { tool, trace, outcome, failure, took } = self;
-        Line { tool, traceparent: trace.traceparent, outcome, failure, duration_ms: took.as_secs_f64() * 1000.0 }
+        Line::of(tool, trace.traceparent, (outcome, failure), took)
     }
 }
 
 impl Line {
-    /// The closing line of a call of `tool`, whose reply says
-    /// `diagnostics`, `took` after it started.
+    /// The closing line of a call of `tool` whose reply says
+    /// `(outcome, failure)` ([`outcome_failure`]), `took` after it started.
     fn of(
         tool: &'static str,
         traceparent: String,
-        diagnostics: &snowluma_proto::Diagnostics,
+        (outcome, failure): (&'static str, &'static str),
         took: std::time::Duration,
     ) -> Line {
-        let (outcome, failure) = outcome_failure(diagnostics);
         Line { tool, traceparent, outcome, failure, duration_ms: took.as_secs_f64() * 1000.0 }
     }
 }
