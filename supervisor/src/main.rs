@@ -76,24 +76,40 @@ fn run() -> ExitCode {
 /// A profile-training build (`scripts/pgo-profile`): built with
 /// `-Cprofile-generate`, which links LLVM's profile runtime. Workers are
 /// killed at the end of a session rather than left to exit, so every
-/// process adds its counts to the profile files four times a second.
+/// process adds its counts to its profile file four times a second. Each
+/// process has a file of its own: one killed while writing spoils only its
+/// own counts (the script merges the others).
 #[cfg(snowluma_pgo_training)]
 mod pgo_training {
+    use std::ffi::{CStr, CString, c_char, c_int};
+
     unsafe extern "C" {
-        fn __llvm_profile_write_file() -> std::ffi::c_int;
+        fn __llvm_profile_write_file() -> c_int;
         fn __llvm_profile_reset_counters();
+        fn __llvm_profile_get_filename() -> *const c_char;
+        fn __llvm_profile_set_filename(name: *const c_char);
     }
 
     pub(crate) fn start_writer() {
         snowluma_logsink::eprintln_nb!(
             "snowluma-mcp: a profile-training build, with no confinement; never run it for real"
         );
+        // SAFETY: the runtime returns its current file name, a NUL-terminated
+        // string it keeps alive; it is only read here.
+        let current = unsafe { CStr::from_ptr(__llvm_profile_get_filename()) }.to_string_lossy().into_owned();
+        let dir = current.rsplit_once('/').map_or(".", |(dir, _)| dir);
+        if let Ok(pattern) = CString::new(format!("{dir}/snowluma-%p-%m.profraw")) {
+            // SAFETY: a NUL-terminated pattern, leaked so that it outlives
+            // every use the runtime may make of it.
+            unsafe { __llvm_profile_set_filename(pattern.into_raw()) };
+        }
         std::thread::spawn(|| {
             loop {
                 std::thread::sleep(std::time::Duration::from_millis(250));
                 // SAFETY: the profile runtime's own entry points, linked by
-                // -Cprofile-generate; they take no arguments. The files are
-                // merged (%m), so counts written are reset, not written twice.
+                // -Cprofile-generate; they take no arguments. The file is
+                // merged into (%m), so counts written are reset, not written
+                // twice.
                 unsafe {
                     __llvm_profile_write_file();
                     __llvm_profile_reset_counters();
