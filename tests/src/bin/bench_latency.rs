@@ -17,8 +17,13 @@
 //! pipe that is read (`/dev/null` otherwise); `BENCH_GAP_US=G` sleeps `G` µs
 //! before each timed call of every path, so that each starts on a quiet
 //! machine after an idle spell, as an agent's calls do (back to back
-//! otherwise); `BENCH_DECILES=1` prints each path's deciles too (the
-//! spread behind the medians). The floors' stages are named `relay-a`/`relay-b`,
+//! otherwise); `BENCH_BLOCK=B` times each path's calls in runs of `B` (the
+//! paths take turns call by call otherwise; `B` must divide `N`);
+//! `BENCH_SHUFFLE=1` draws the paths' order afresh for each turn (direct,
+//! relay, reactor, work, ours otherwise); `BENCH_QUIET_FLOORS=1` gives the
+//! reactor and work floors the server's socket halves, woken for input only
+//! (see [`socket_halves`]); `BENCH_DECILES=1` prints each path's deciles too (the spread behind the
+//! medians). The floors' stages are named `relay-a`/`relay-b`,
 //! `reactor-a`/`reactor-b` and `work-a`/`work-b`, each one's CPU shown apart.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -147,7 +152,8 @@ fn reactor_relay(first_stage: bool, host: &str) {
                 out.write_all(&reply).await.unwrap();
                 line.clear();
             }
-            drop(to_next);
+            // Both halves closed, so that the second stage sees the end.
+            drop((from_next, to_next));
             let _ = next.wait();
         } else {
             let SecondStage { mut input, mut out, mut conn } = SecondStage::start(host).await;
@@ -172,8 +178,8 @@ struct FirstStage {
     input: tokio::io::BufReader<tokio::net::unix::pipe::Receiver>,
     out: tokio::net::unix::pipe::Sender,
     next: std::process::Child,
-    from_next: tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
-    to_next: tokio::net::unix::OwnedWriteHalf,
+    from_next: tokio::io::BufReader<StageReader>,
+    to_next: StageWriter,
 }
 
 impl FirstStage {
@@ -186,8 +192,7 @@ impl FirstStage {
         let out = pipe::Sender::from_file(std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap()))
             .unwrap();
         let (next, socket) = spawn_stage(mode, host);
-        socket.set_nonblocking(true).unwrap();
-        let (from_next, to_next) = tokio::net::UnixStream::from_std(socket).unwrap().into_split();
+        let (from_next, to_next) = socket_halves(socket);
         FirstStage {
             input: tokio::io::BufReader::new(stdin),
             out,
@@ -201,20 +206,40 @@ impl FirstStage {
 /// A tokio floor's second stage: the socket from the first (its
 /// descriptors 0 and 1) and a keep-alive connection to the fake.
 struct SecondStage {
-    input: tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
-    out: tokio::net::unix::OwnedWriteHalf,
+    input: tokio::io::BufReader<StageReader>,
+    out: StageWriter,
     conn: tokio::io::BufReader<tokio::net::TcpStream>,
 }
 
 impl SecondStage {
     async fn start(host: &str) -> SecondStage {
         let socket = std::os::unix::net::UnixStream::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap());
-        socket.set_nonblocking(true).unwrap();
-        let (input, out) = tokio::net::UnixStream::from_std(socket).unwrap().into_split();
+        let (input, out) = socket_halves(socket);
         let conn = tokio::net::TcpStream::connect(host).await.unwrap();
         conn.set_nodelay(true).unwrap();
         SecondStage { input: tokio::io::BufReader::new(input), out, conn: tokio::io::BufReader::new(conn) }
     }
+}
+
+/// The receiving half of the socket between a tokio floor's stages.
+type StageReader = Box<dyn tokio::io::AsyncRead + Unpin>;
+/// Its sending half.
+type StageWriter = Box<dyn tokio::io::AsyncWrite + Unpin>;
+
+/// The halves of the socket between a tokio floor's stages (inside the
+/// stage's runtime): a tokio `UnixStream`'s, registered for input and
+/// write space, so that a stage is woken when its peer reads what it sent,
+/// as any process reading and writing a Unix stream socket is; or, with
+/// BENCH_QUIET_FLOORS set, the server's own (`snowluma_proto::sockio`),
+/// registered for input only.
+fn socket_halves(socket: std::os::unix::net::UnixStream) -> (StageReader, StageWriter) {
+    if std::env::var_os("BENCH_QUIET_FLOORS").is_some() {
+        let (read, write) = snowluma_proto::sockio::split_one(socket.into()).unwrap();
+        return (Box::new(read), Box::new(write));
+    }
+    socket.set_nonblocking(true).unwrap();
+    let (read, write) = tokio::net::UnixStream::from_std(socket).unwrap().into_split();
+    (Box::new(read), Box::new(write))
 }
 
 /// Read a response head from `conn` (into `header`, a line at a time); the
@@ -434,31 +459,64 @@ fn main() {
             std::thread::sleep(gap);
         }
     };
-    for _ in 0..n {
-        quiet();
-        let t = Instant::now();
-        direct_call(&mut conn, &host);
-        direct.push(t.elapsed());
-        if with_relay {
-            quiet();
-            let t = Instant::now();
-            relay.call(&call_line(0));
-            floor.push(t.elapsed());
-            quiet();
-            let t = Instant::now();
-            reactor.call(&call_line(0));
-            reactor_floor.push(t.elapsed());
+    // Each path's calls come in runs of `block` (1 unless BENCH_BLOCK says
+    // otherwise): with 1 the paths take turns call by call; with more, each
+    // path's calls follow its own, so the fake and the scheduler are left
+    // as that path left them rather than as the path before it did. The
+    // paths take their turns in a fixed order (direct, relay, reactor, work,
+    // ours) unless BENCH_SHUFFLE is set: then each round draws its order, so
+    // that every path follows every other equally often.
+    let block: usize =
+        std::env::var("BENCH_BLOCK").map_or(1, |b| b.parse().expect("BENCH_BLOCK: a whole number of calls"));
+    assert!(block > 0 && n.is_multiple_of(block), "BENCH_BLOCK must divide the number of calls");
+    let shuffle = std::env::var_os("BENCH_SHUFFLE").is_some();
+    let mut order = [Path::Direct, Path::Relay, Path::Reactor, Path::Work, Path::Ours];
+    let mut draw = Draw(0x2545_f491_4f6c_dd1d);
+    for _ in 0..n / block {
+        if shuffle {
+            for i in (1..order.len()).rev() {
+                order.swap(i, (draw.next() % (i as u64 + 1)) as usize);
+            }
         }
-        if let Some(work) = &mut work {
-            quiet();
-            let t = Instant::now();
-            work.call(&call_line(0));
-            work_floor.push(t.elapsed());
+        for path in order {
+            for _ in 0..block {
+                match path {
+                    Path::Direct => {
+                        quiet();
+                        let t = Instant::now();
+                        direct_call(&mut conn, &host);
+                        direct.push(t.elapsed());
+                    }
+                    Path::Relay if with_relay => {
+                        quiet();
+                        let t = Instant::now();
+                        relay.call(&call_line(0));
+                        floor.push(t.elapsed());
+                    }
+                    Path::Reactor if with_relay => {
+                        quiet();
+                        let t = Instant::now();
+                        reactor.call(&call_line(0));
+                        reactor_floor.push(t.elapsed());
+                    }
+                    Path::Work => {
+                        if let Some(work) = &mut work {
+                            quiet();
+                            let t = Instant::now();
+                            work.call(&call_line(0));
+                            work_floor.push(t.elapsed());
+                        }
+                    }
+                    Path::Ours => {
+                        quiet();
+                        let t = Instant::now();
+                        one(&mut stdin, &mut stdout, &mut line);
+                        mcp.push(t.elapsed());
+                    }
+                    Path::Relay | Path::Reactor => {}
+                }
+            }
         }
-        quiet();
-        let t = Instant::now();
-        one(&mut stdin, &mut stdout, &mut line);
-        mcp.push(t.elapsed());
     }
     direct.sort();
     mcp.sort();
@@ -517,7 +575,16 @@ fn main() {
     let direct_tput = total as f64 / t.elapsed().as_secs_f64();
 
     let spacing = if gap.is_zero() { "back to back".to_string() } else { format!("{} µs apart", gap.as_micros()) };
-    println!("query_action get_status, {n} sequential calls ({spacing}), loopback fake SnowLuma");
+    let turns = match (block, shuffle) {
+        (1, false) => "the paths in turn call by call".to_string(),
+        (1, true) => "the paths in turn call by call, shuffled".to_string(),
+        (b, false) => format!("the paths in turns of {b} calls"),
+        (b, true) => format!("the paths in turns of {b} calls, shuffled"),
+    };
+    let quiet_floors = if std::env::var_os("BENCH_QUIET_FLOORS").is_some() { ", quiet floors" } else { "" };
+    println!(
+        "query_action get_status, {n} sequential calls ({spacing}; {turns}{quiet_floors}), loopback fake SnowLuma"
+    );
     println!();
     println!("| path | p50 µs | p99 µs | throughput, 8 concurrent (calls/s) |");
     println!("|---|---|---|---|");
@@ -585,6 +652,30 @@ fn main() {
     );
     for (name, secs) in &in_flight_cpu {
         println!("  {name}: {:.1} µs", secs * 1e6 / total as f64);
+    }
+}
+
+/// The paths of the sequential phase, in their turns.
+#[derive(Clone, Copy)]
+enum Path {
+    Direct,
+    Relay,
+    Reactor,
+    Work,
+    Ours,
+}
+
+/// A xorshift generator for the shuffled order of the paths.
+struct Draw(u64);
+
+impl Draw {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
     }
 }
 

@@ -197,7 +197,8 @@ pub(crate) fn relay(first_stage: bool, host: &str) {
                 out.write_all(&bytes).await.unwrap();
                 line.clear();
             }
-            drop(to_next);
+            // Both halves closed, so that the second stage sees the end.
+            drop((from_next, to_next));
             let _ = next.wait();
         } else {
             let super::SecondStage { mut input, mut out, mut conn } = super::SecondStage::start(host).await;
