@@ -15,6 +15,14 @@
 //!
 //! Both halves speak `AsyncRead`/`AsyncWrite`, so the framing code does not
 //! change. Closing both descriptors closes the socket.
+//!
+//! The skipped wake-up is not without effect on the scheduler. With it, the
+//! sender's vCPU is busy just when the receiver passes the call on, so the
+//! next process woken tends to stay on the receiver's CPU instead of waking
+//! the idle one. `bench-latency`'s floors have that wake-up. A build that
+//! restored it was measured and not kept: it was faster only while the
+//! bench's paths took turns call by call, and cost CPU (README,
+//! "Latency and throughput", the fifteenth sitting).
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
