@@ -471,7 +471,7 @@ fn main() {
     assert!(block > 0 && n.is_multiple_of(block), "BENCH_BLOCK must divide the number of calls");
     let shuffle = std::env::var_os("BENCH_SHUFFLE").is_some();
     let mut order = [Path::Direct, Path::Relay, Path::Reactor, Path::Work, Path::Ours];
-    let mut draw = Draw(0x2545_f491_4f6c_dd1d);
+    let mut draw = Xorshift(0x2545_f491_4f6c_dd1d);
     for _ in 0..n / block {
         if shuffle {
             for i in (1..order.len()).rev() {
@@ -665,10 +665,11 @@ enum Path {
     Ours,
 }
 
-/// A xorshift generator for the shuffled order of the paths.
-struct Draw(u64);
+/// A xorshift generator: the shuffled order of the paths, and the work
+/// floor's trace ids.
+struct Xorshift(u64);
 
-impl Draw {
+impl Xorshift {
     fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;

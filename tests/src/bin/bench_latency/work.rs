@@ -107,23 +107,14 @@ struct Meta<'a> {
 /// A trace id of the server's shape (`00-<32 hex>-<16 hex>-01`), from a
 /// xorshift generator: less work than the server's, which hands out bytes
 /// of a pool it fills from the kernel (one system call per 170 calls).
-struct TraceIds(u64);
+struct TraceIds(super::Xorshift);
 
 impl TraceIds {
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
     fn next(&mut self) -> String {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut s = String::with_capacity(55);
         s.push_str("00-");
-        for (n, word) in [self.next_u64(), self.next_u64(), self.next_u64()].into_iter().enumerate() {
+        for (n, word) in [self.0.next(), self.0.next(), self.0.next()].into_iter().enumerate() {
             if n == 2 {
                 s.push('-');
             }
@@ -164,7 +155,7 @@ pub(crate) fn relay(first_stage: bool, host: &str) {
         if first_stage {
             let super::FirstStage { mut input, mut out, mut next, mut from_next, mut to_next } =
                 super::FirstStage::start("--relay-work-http", host);
-            let mut ids = TraceIds(0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id()));
+            let mut ids = TraceIds(super::Xorshift(0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id())));
             let (mut line, mut reply) = (Vec::new(), Vec::new());
             while input.read_until(b'\n', &mut line).await.unwrap() > 0 {
                 let call: Call = serde_json::from_slice(line.trim_ascii()).unwrap();
