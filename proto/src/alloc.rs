@@ -11,8 +11,8 @@ pub const LARGE_MESSAGE: usize = 16 * 1024;
 /// bins at once, instead of waiting in a fast bin until the next request
 /// of 1 KiB or more gathers them all (`malloc_consolidate`). The network
 /// executor makes such a request on every call (the call's future), and
-/// found fast-bin blocks to gather every time (README, "Latency and
-/// throughput", the thirteenth sitting). glibc's thresholds
+/// found fast-bin blocks to gather every time (PERFORMANCE.md, "Latency
+/// and throughput", the thirteenth sitting). glibc's thresholds
 /// stay dynamic on purpose: fixing them (tried) made every 512 KiB upload
 /// chunk a fresh mapping, faulted in page by page (bench-transfer: 6.1–8.2
 /// against 5.6–6.1 CPU s/GiB, and uploads below a plain client's speed),

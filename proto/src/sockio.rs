@@ -21,7 +21,7 @@
 //! next process woken tends to stay on the receiver's CPU instead of waking
 //! the idle one. `bench-latency`'s floors have that wake-up. A build that
 //! restored it was measured and not kept: it was faster only while the
-//! bench's paths took turns call by call, and cost CPU (README,
+//! bench's paths took turns call by call, and cost CPU (PERFORMANCE.md,
 //! "Latency and throughput", the fifteenth sitting).
 
 use std::io;

@@ -222,7 +222,7 @@ pub(crate) fn finished(
 /// A finished call's log lines, taken when its reply is known (its
 /// outcome, its duration then) and written or held later: a direct call's
 /// once its answer is written, so that neither costs the client's wait for
-/// the answer (README, "Latency and throughput", the thirteenth sitting).
+/// the answer (PERFORMANCE.md, "Latency and throughput", the thirteenth sitting).
 /// It owns the call's trace: its line takes the traceparent, uncopied, and
 /// is made only when info lines are on.
 pub(crate) struct Closing {

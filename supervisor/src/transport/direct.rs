@@ -4,7 +4,7 @@
 //! rmcp would parse the line into its message types, hand the request to a
 //! spawned task of its own with a request context, and its answer back
 //! through its loop to our `send`; each step builds and moves large values
-//! (README, "Latency and throughput"). A call taken here is read once from
+//! (PERFORMANCE.md, "Latency and throughput"). A call taken here is read once from
 //! its line (borrowed: the id, the tool's name, the arguments' text, the
 //! `_meta` when there is one), runs the same gates and execution as rmcp's
 //! handler (`ServerState::begin`, then `Begun::finish`: every gate, the
