@@ -23,7 +23,8 @@
 //! relay, reactor, work, ours otherwise); `BENCH_QUIET_FLOORS=1` gives the
 //! reactor and work floors the server's socket halves, woken for input only
 //! (see [`socket_halves`]); `BENCH_DECILES=1` prints each path's deciles too (the spread behind the
-//! medians). The floors' stages are named `relay-a`/`relay-b`,
+//! medians); `BENCH_SEQUENTIAL_ONLY=1` leaves out the calls kept 8 in flight
+//! (`scripts/code-per-call` counts the sequential calls' code with it). The floors' stages are named `relay-a`/`relay-b`,
 //! `reactor-a`/`reactor-b` and `work-a`/`work-b`, each one's CPU shown apart.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -533,8 +534,9 @@ fn main() {
     let sequential_cpu = since(&after_sequential, &warm.2);
 
     // Throughput with 8 concurrent callers: 8 requests kept in flight on the
-    // one stdio session, against 8 direct keep-alive connections.
-    let total = n * 2;
+    // one stdio session, against 8 direct keep-alive connections (none with
+    // BENCH_SEQUENTIAL_ONLY: its throughputs print as 0).
+    let total = if std::env::var_os("BENCH_SEQUENTIAL_ONLY").is_some() { 0 } else { n * 2 };
     let t = Instant::now();
     let mut sent = 0usize;
     let mut done = 0usize;
@@ -645,6 +647,9 @@ fn main() {
     }
     for (name, secs) in &sequential_cpu {
         println!("  {name}: {:.1} µs", secs * 1e6 / n as f64);
+    }
+    if total == 0 {
+        return;
     }
     println!(
         "CPU per call with 8 in flight, snowluma-mcp process tree: {:.1} µs",
