@@ -455,10 +455,14 @@ fn main() {
     let gap = Duration::from_micros(
         std::env::var("BENCH_GAP_US").map_or(0, |g| g.parse().expect("BENCH_GAP_US: a whole number of µs")),
     );
-    let quiet = || {
+    // One timed call of a path, after the idle spell BENCH_GAP_US asks for.
+    let timed = |into: &mut Vec<Duration>, call: &mut dyn FnMut()| {
         if !gap.is_zero() {
             std::thread::sleep(gap);
         }
+        let t = Instant::now();
+        call();
+        into.push(t.elapsed());
     };
     // Each path's calls come in runs of `block` (1 unless BENCH_BLOCK says
     // otherwise): with 1 the paths take turns call by call; with more, each
@@ -482,38 +486,15 @@ fn main() {
         for path in order {
             for _ in 0..block {
                 match path {
-                    Path::Direct => {
-                        quiet();
-                        let t = Instant::now();
-                        direct_call(&mut conn, &host);
-                        direct.push(t.elapsed());
-                    }
-                    Path::Relay if with_relay => {
-                        quiet();
-                        let t = Instant::now();
-                        relay.call(&call_line(0));
-                        floor.push(t.elapsed());
-                    }
-                    Path::Reactor if with_relay => {
-                        quiet();
-                        let t = Instant::now();
-                        reactor.call(&call_line(0));
-                        reactor_floor.push(t.elapsed());
-                    }
+                    Path::Direct => timed(&mut direct, &mut || drop(direct_call(&mut conn, &host))),
+                    Path::Relay if with_relay => timed(&mut floor, &mut || relay.call(&call_line(0))),
+                    Path::Reactor if with_relay => timed(&mut reactor_floor, &mut || reactor.call(&call_line(0))),
                     Path::Work => {
                         if let Some(work) = &mut work {
-                            quiet();
-                            let t = Instant::now();
-                            work.call(&call_line(0));
-                            work_floor.push(t.elapsed());
+                            timed(&mut work_floor, &mut || work.call(&call_line(0)));
                         }
                     }
-                    Path::Ours => {
-                        quiet();
-                        let t = Instant::now();
-                        one(&mut stdin, &mut stdout, &mut line);
-                        mcp.push(t.elapsed());
-                    }
+                    Path::Ours => timed(&mut mcp, &mut || one(&mut stdin, &mut stdout, &mut line)),
                     Path::Relay | Path::Reactor => {}
                 }
             }
